@@ -1,0 +1,26 @@
+"""Command-line plumbing shared by every entry point: one-line errors, never a traceback."""
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from infopro.errors import InfoProError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a bad option in one line (argparse prints the whole usage block)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def run(main: Callable[[], object]) -> None:
+    """Call `main`; turn user errors and Ctrl-C into one line on stderr and a non-zero exit."""
+    try:
+        main()
+    except InfoProError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted: work completed so far is kept", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,130 @@
+"""Named grids of training runs, run as separate processes: resumable, within a time budget.
+
+A grid is data: a recipe shared by every run (TrainConfig overrides) and the variants
+(regime, K, task loss) to run, each for every seed. Finished runs are skipped, partial
+ones resumed, and every run is given the time left, so that it stops after an epoch
+and never mid-write when a lease or budget ends.
+"""
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from infopro.errors import InfoProError
+from infopro.records import REPO_ROOT
+from infopro.train import TrainConfig
+
+PAPER_KS = (2, 4, 8, 16)
+TABLE2_VARIANTS = (
+    (dict(regime="e2e", K=1),)
+    + tuple(dict(regime="greedy", K=K) for K in PAPER_KS)
+    + tuple(dict(regime="infopro", task_loss="contrast", K=K) for K in PAPER_KS)
+    + tuple(dict(regime="infopro", task_loss="softmax", K=K) for K in PAPER_KS)
+)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """`recipe` applies to every run; each variant runs once per seed."""
+
+    description: str
+    recipe: dict
+    variants: tuple[dict, ...]
+    seeds: tuple[int, ...] = (0,)
+
+    def configs(self, seeds=None, **overrides) -> list[TrainConfig]:
+        seeds = self.seeds if seeds is None else seeds
+        return [TrainConfig(**{**self.recipe, **variant, **overrides, "seed": seed})
+                for seed in seeds for variant in self.variants]
+
+
+GRIDS = {
+    "table2-resnet32": Grid(
+        "Paper Table 2, ResNet-32 on CIFAR-10: E2E, greedy SL, InfoPro (contrast, softmax) at K=2,4,8,16; "
+        "the paper's recipe (160 epochs, batch 1024)",
+        dict(arch="resnet32", dataset="cifar10"), TABLE2_VARIANTS, seeds=(0, 1, 2)),
+    "cpu-fixture": Grid(
+        "Small real fixture made on CPU so that figures build before GPU runs exist: ResNet-32 on "
+        "10,000 cifar10-jpeg training images, 12 epochs, batch 128, lr 0.1; E2E, greedy SL and InfoPro "
+        "(contrast) at K=2,4,8,16",
+        dict(arch="resnet32", dataset="cifar10-jpeg", train_subset=10000, test_subset=2000, epochs=12,
+             batch_size=128, lr=0.1, warmup_epochs=1),
+        TABLE2_VARIANTS[:9]),
+}
+
+
+def get_grid(name: str) -> Grid:
+    if name not in GRIDS:
+        raise InfoProError(f"unknown grid {name!r}; valid: {', '.join(GRIDS)}")
+    return GRIDS[name]
+
+
+def run_state(config: TrainConfig, root: Path) -> str:
+    """'done', 'partial (e/E epochs)' or 'missing', from the files in the run's directory."""
+    run = root / config.run_id()
+    if (run / "summary.json").exists():
+        return "done"
+    if (run / "metrics.csv").exists():
+        epochs = max(0, len((run / "metrics.csv").read_text().strip().splitlines()) - 1)
+        return f"partial ({epochs}/{config.epochs} epochs)"
+    return "missing"
+
+
+def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float) -> list[str]:
+    """The `experiments.train` command line that runs (or resumes) `config` into `out`."""
+    defaults = TrainConfig()
+    command = [sys.executable, "-m", "experiments.train", "--out", str(out), "--resume",
+               "--device", device, "--time-budget", f"{minutes:.2f}"]
+    if data_root is not None:
+        command += ["--data-root", str(data_root)]
+    for name, value in config.__dict__.items():
+        if value is None or (value == getattr(defaults, name) and name not in ("regime", "dataset")):
+            continue
+        flag = "--" + name.replace("_", "-")
+        command += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+    return command
+
+
+def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budget: float | None = None,
+             device: str = "auto", data_root=None, log=print) -> dict[str, str]:
+    """Run every unfinished config, `jobs` at a time; returns run id -> final state.
+
+    Each run's output goes to `root/logs/<run id>.log`. A run that fails is reported with
+    the last line of its log and does not stop the others.
+    """
+    deadline = None if time_budget is None else time.monotonic() + time_budget
+    pending = [c for c in configs if run_state(c, root) != "done"]
+    log(f"{len(configs) - len(pending)} of {len(configs)} runs done; {len(pending)} to run, {jobs} at a time")
+    running: dict[subprocess.Popen, TrainConfig] = {}
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        while pending or running:
+            left = None if deadline is None else deadline - time.monotonic()
+            while pending and len(running) < jobs and (left is None or left > 60):
+                config = pending.pop(0)
+                minutes = 10**6 if left is None else left / 60
+                logfile = open(root / "logs" / f"{config.run_id()}.log", "a")
+                command = train_command(config, root / config.run_id(), device, data_root, minutes)
+                running[subprocess.Popen(command, cwd=REPO_ROOT, stdout=logfile, stderr=subprocess.STDOUT)] = config
+                logfile.close()
+                log(f"started {config.run_id()}")
+            if left is not None and left <= 60 and not running:
+                break
+            time.sleep(1)
+            for process in [p for p in running if p.poll() is not None]:
+                config = running.pop(process)
+                state = run_state(config, root)
+                detail = "" if process.returncode == 0 else f" (exit {process.returncode}: {last_line(root, config)})"
+                log(f"{config.run_id()}: {state}{detail}")
+    finally:
+        for process in running:
+            process.terminate()
+    return {c.run_id(): run_state(c, root) for c in configs}
+
+
+def last_line(root: Path, config: TrainConfig) -> str:
+    lines = (root / "logs" / f"{config.run_id()}.log").read_text().strip().splitlines()
+    return lines[-1] if lines else "no output"
+

@@ -1,0 +1,196 @@
+"""Local objectives and the network cut into K gradient-isolated modules.
+
+Regimes (one objective per module end; the last module always uses the network's own head
+and softmax cross-entropy):
+
+* ``e2e``     K = 1: nothing local;
+* ``greedy``  greedy supervised learning: global pool + one linear layer, cross-entropy
+              (the paper code's "0c1f" head);
+* ``infopro`` λ1 · BCE(decoder(h), x) + λ2 · task term, the surrogate -λ1 I(h,x) - λ2 I(h,y):
+              the decoder keeps information about the input x, the task term (supervised
+              contrastive on a 128-d embedding, or softmax cross-entropy) about the label y;
+              both through the paper's "1c2f" auxiliary head.
+
+Objectives are loss modules (`objective(h, x, y) -> loss`); the trainer decides where the
+graph is cut and when `backward` runs.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from infopro.errors import InfoProError
+from infopro.models import CifarResNet, build_backbone, init_like_paper
+from infopro.splits import LossWeights
+
+REGIMES = ("e2e", "greedy", "infopro")
+TASK_LOSSES = ("contrast", "softmax")
+CONTRAST_DIM = 128          # embedding size of the contrastive head (--aux_net_feature_dim)
+HIDDEN_DIM = 128            # hidden width of the auxiliary head's two FC layers
+DECODER_WIDTH = 12          # decoder hidden channels (--aux_net_widen 1)
+TEMPERATURE = 0.07          # supervised-contrastive temperature (= base temperature)
+
+# Input channels -> (output channels, stride) of the auxiliary head's one convolution (facts §4.5).
+AUX_CONV = {16: (32, 2), 32: (64, 2), 64: (64, 1)}
+
+
+class Decoder(nn.Module):
+    """Bilinear up-sampling to the image size, conv3x3-BN-ReLU, conv3x3 to 3 channels.
+
+    Returns logits; the sigmoid of the paper's decoder is folded into the loss
+    (`binary_cross_entropy_with_logits`), which is the same function but numerically safer
+    and allowed under bf16 autocast.
+    """
+
+    def __init__(self, in_channels: int, image_size: int = 32, width: int = DECODER_WIDTH):
+        super().__init__()
+        self.image_size = image_size
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, 1, 1), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, 3, 3, 1, 1))
+
+    def forward(self, h):
+        if h.shape[-1] != self.image_size:  # at full size bilinear up-sampling is the identity
+            h = F.interpolate(h, size=(self.image_size, self.image_size), mode="bilinear",
+                              align_corners=True)
+        return self.body(h)
+
+
+def reconstruction_loss(logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Mean binary cross-entropy of the decoder's pixels against the [0, 1] image x."""
+    return F.binary_cross_entropy_with_logits(logits.float(), x)
+
+
+class AuxHead(nn.Module):
+    """The paper's "1c2f" auxiliary head: conv3x3-BN-ReLU, global pool, FC-ReLU-FC."""
+
+    def __init__(self, in_channels: int, out_features: int, hidden: int = HIDDEN_DIM):
+        super().__init__()
+        channels, stride = AUX_CONV[in_channels]
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, channels, 3, stride, 1, bias=False), nn.BatchNorm2d(channels),
+            nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(channels, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_features))
+
+    def forward(self, h):
+        return self.body(h)
+
+
+def supervised_contrastive_loss(embedding: torch.Tensor, labels: torch.Tensor,
+                                temperature: float = TEMPERATURE) -> torch.Tensor:
+    """Supervised contrastive loss (Khosla et al., 2020), one view per sample.
+
+    Each anchor's positives are the other samples of its class in the batch; the loss is
+    the negative mean log-probability of its positives among all other samples, averaged
+    over anchors. Anchors without a positive contribute 0 but still count in the average,
+    as in the paper's code. Computed in fp32: at τ = 0.07 bf16 logits are too coarse.
+    """
+    z = F.normalize(embedding.float(), dim=1)
+    logits = z @ z.T / temperature
+    n = len(labels)
+    not_self = ~torch.eye(n, dtype=torch.bool, device=z.device)
+    logits = logits - logits.detach().max(dim=1, keepdim=True).values
+    log_prob = logits - torch.logsumexp(logits.masked_fill(~not_self, float("-inf")), dim=1, keepdim=True)
+    positives = (labels[:, None] == labels[None, :]) & not_self
+    count = positives.sum(1)
+    mean_log_prob = (log_prob * positives).sum(1) / count.clamp(min=1)
+    return -mean_log_prob.mean()
+
+
+class GreedyObjective(nn.Module):
+    """Greedy SL: softmax cross-entropy of a global-pool + linear classifier on h."""
+
+    def __init__(self, in_channels: int, num_classes: int):
+        super().__init__()
+        self.classifier = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                        nn.Linear(in_channels, num_classes))
+
+    def forward(self, h, x, y):
+        return F.cross_entropy(self.classifier(h), y)
+
+
+class InfoProObjective(nn.Module):
+    """λ1 · reconstruction BCE (keeps I(h,x)) + λ2 · task loss (keeps I(h,y))."""
+
+    def __init__(self, in_channels: int, num_classes: int, task_loss: str, lambda1: float, lambda2: float):
+        super().__init__()
+        self.task_loss, self.lambda1, self.lambda2 = task_loss, lambda1, lambda2
+        self.decoder = Decoder(in_channels)
+        out = CONTRAST_DIM if task_loss == "contrast" else num_classes
+        self.aux_head = AuxHead(in_channels, out)
+
+    def forward(self, h, x, y):
+        loss = self.lambda1 * reconstruction_loss(self.decoder(h), x)
+        output = self.aux_head(h)
+        if self.task_loss == "contrast":
+            return loss + self.lambda2 * supervised_contrastive_loss(output, y)
+        return loss + self.lambda2 * F.cross_entropy(output.float(), y)
+
+    def extra_repr(self) -> str:
+        return f"task_loss={self.task_loss}, lambda1={self.lambda1:g}, lambda2={self.lambda2:g}"
+
+
+class LocalNet(nn.Module):
+    """A backbone cut after layer points `ends` into K = len(ends) + 1 modules, with objectives.
+
+    Module k runs `backbone.layers[bounds[k]:bounds[k+1]]`; `objectives[k]` trains modules
+    k < K-1 and `backbone.head` with cross-entropy trains the last one. The state dict holds
+    the backbone under `backbone.*`, so analysis code can load just the backbone.
+    """
+
+    def __init__(self, backbone: CifarResNet, ends: list[int], objectives: list[nn.Module]):
+        super().__init__()
+        assert len(objectives) == len(ends)
+        self.backbone = backbone
+        self.ends = list(ends)
+        self.objectives = nn.ModuleList(objectives)
+
+    @property
+    def K(self) -> int:
+        return len(self.ends) + 1
+
+    @property
+    def bounds(self) -> list[int]:
+        """Layer slice boundaries [0, e1, ..., e_{K-1}, number of layer points]."""
+        return [0, *self.ends, self.backbone.num_layer_points]
+
+    def segment(self, k: int) -> nn.ModuleList:
+        """The backbone layers of module k (0-based)."""
+        return self.backbone.layers[self.bounds[k]:self.bounds[k + 1]]
+
+    def module_of_parameter(self) -> dict[str, int]:
+        """Parameter name -> index of the local module it belongs to (for gradient-isolation tests)."""
+        owner = {}
+        for k in range(self.K):
+            for layer in range(self.bounds[k], self.bounds[k + 1]):
+                for name, _ in self.backbone.layers[layer].named_parameters():
+                    owner[f"backbone.layers.{layer}.{name}"] = k
+        for name, _ in self.backbone.head.named_parameters():
+            owner[f"backbone.head.{name}"] = self.K - 1
+        for k, objective in enumerate(self.objectives):
+            for name, _ in objective.named_parameters():
+                owner[f"objectives.{k}.{name}"] = k
+        return owner
+
+
+def build_local_net(arch: str, regime: str, ends: list[int], weights: LossWeights,
+                    task_loss: str = "contrast", num_classes: int = 10) -> LocalNet:
+    """Backbone plus the regime's objective at each module end, initialised as the paper's code."""
+    if regime not in REGIMES:
+        raise InfoProError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
+    if task_loss not in TASK_LOSSES:
+        raise InfoProError(f"unknown task loss {task_loss!r}; valid: {', '.join(TASK_LOSSES)}")
+    if regime == "e2e" and ends:
+        raise InfoProError(f"regime e2e trains one module; got K={len(ends) + 1} (use --K 1, "
+                           f"or --regime greedy|infopro)")
+    backbone = build_backbone(arch, num_classes)
+    objectives = []
+    for k, end in enumerate(ends):
+        channels = backbone.layer_shape(end)[0]
+        if regime == "greedy":
+            objectives.append(GreedyObjective(channels, num_classes))
+        else:
+            objectives.append(InfoProObjective(channels, num_classes, task_loss,
+                                               weights.lambda1[k], weights.lambda2[k]))
+    init_like_paper(nn.ModuleList(objectives))
+    return LocalNet(backbone, ends, objectives)

@@ -1,0 +1,105 @@
+"""Result files with provenance, written atomically so a killed run never leaves half a file.
+
+Every record this repository writes names the code (git commit and dirty flag), the
+software (torch, CUDA, cuDNN), the hardware and the numerics it came from.
+"""
+
+import csv
+import io
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def atomic_write(path: str | os.PathLike, payload: bytes | str) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = payload.encode() if isinstance(payload, str) else payload
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path, record) -> None:
+    atomic_write(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def write_csv(path, rows: list[dict]) -> None:
+    """Rows with identical keys, in order, as a CSV file (written atomically)."""
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    atomic_write(path, buffer.getvalue())
+
+
+def save_torch(path, obj) -> None:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write(path, buffer.getvalue())
+
+
+def git_state() -> dict:
+    """Commit and dirty flag of the source tree; $INFOPRO_GIT_COMMIT when there is no .git.
+
+    Machines that receive a copy of the working tree without its history (a lent GPU, say)
+    set the variable so that their results still name the code that made them.
+    """
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        commit = os.environ.get("INFOPRO_GIT_COMMIT", "unknown")
+        dirty = os.environ.get("INFOPRO_GIT_DIRTY", "unknown")
+    return {"git_commit": commit, "git_dirty": dirty}
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def provenance(device: torch.device) -> dict:
+    """Code, software, hardware and numerics settings, for every result record."""
+    record = git_state()
+    record.update({
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "device": device.type,
+        "device_name": device_name(device),
+        "cpu_threads": torch.get_num_threads(),
+        "host": platform.node(),
+    })
+    if device.type == "cuda":
+        record.update({
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "tf32_conv": torch.backends.cudnn.allow_tf32,
+            "tf32_matmul": torch.get_float32_matmul_precision() != "highest",
+        })
+    return record

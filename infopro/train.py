@@ -1,0 +1,423 @@
+"""Training E2E, greedy SL and InfoPro with the paper's recipe; resumable run directories.
+
+One step (`train_step`): module k runs on the detached output of module k-1, its local loss
+is back-propagated at once (freeing its graph), and its output is detached, so no gradient
+crosses a module boundary and only one module's activations are alive at a time. A single
+SGD step then updates every module ("simultaneous" training, as the paper's code).
+
+A run directory holds `config.json` (resolved config + provenance), `metrics.csv` (one row
+per epoch), `checkpoint.pt` (while unfinished), and at the end `model.pt` and `summary.json`.
+All files are written atomically; `resume=True` continues after the last completed epoch
+and ends with the same metrics as an uninterrupted run (CPU, same seed).
+"""
+
+import math
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from infopro.data import DATASETS, Split, augmented_batch, load_dataset, normalise, shuffled_batches, to_unit
+from infopro.errors import DivergedError, InfoProError, RunDirError
+from infopro.local import REGIMES, TASK_LOSSES, LocalNet, build_local_net
+from infopro.memory import SavedActivations, cuda_peak
+from infopro.models import ARCHS
+from infopro.records import provenance, read_json, save_torch, write_csv, write_json
+from infopro.splits import LossWeights, loss_weights, module_ends
+
+PRECISIONS = ("fp32", "bf16")
+WARMUP_START_LR = 0.01
+EVAL_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a run's result; defaults are the paper's CIFAR-10 recipe.
+
+    K: number of gradient-isolated local modules (1 = end-to-end).
+    split: "paper" (equal depth), "balanced" (InfoPro*, equal memory) or layer points "4,8,12".
+    lambda1, lambda2: (first, last) weights of the reconstruction term (I(h,x)) and of the task
+        term (I(h,y)) across the K-1 local modules, interpolated linearly; None = paper's table.
+    warmup_epochs: epochs of the linear blend from lr 0.01 into the cosine schedule (paper: 10).
+    train_subset, test_subset: use the first N images of a fixed permutation (None = all).
+    """
+
+    arch: str = "resnet32"
+    regime: str = "e2e"
+    K: int = 1
+    task_loss: str | None = "contrast"
+    split: str = "paper"
+    lambda1: tuple[float, float] | None = None
+    lambda2: tuple[float, float] | None = None
+    dataset: str = "cifar10"
+    train_subset: int | None = None
+    test_subset: int | None = None
+    epochs: int = 160
+    batch_size: int = 1024
+    lr: float = 0.8
+    warmup_epochs: int = 10
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    seed: int = 0
+    precision: str = "fp32"
+
+    def __post_init__(self):
+        for name, valid in (("arch", ARCHS), ("regime", REGIMES), ("dataset", DATASETS),
+                            ("precision", PRECISIONS)):
+            if getattr(self, name) not in valid:
+                raise InfoProError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(valid)}")
+        if self.regime == "infopro" and self.task_loss not in TASK_LOSSES:
+            raise InfoProError(f"unknown task loss {self.task_loss!r}; valid: {', '.join(TASK_LOSSES)}")
+        if self.regime != "infopro":  # these fields mean nothing outside InfoPro: keep them out of the identity
+            for name in ("task_loss", "lambda1", "lambda2"):
+                object.__setattr__(self, name, None)
+        for name in ("lambda1", "lambda2"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise InfoProError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.warmup_epochs < 0:
+            raise InfoProError("--warmup-epochs must be 0 or more")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        """Build from a dict (e.g. a config.json), refusing keys this version does not know."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InfoProError(f"unknown config keys: {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    def module_ends(self) -> list[int]:
+        if self.regime == "e2e" and self.K != 1:
+            raise InfoProError(f"regime e2e trains one module; got K={self.K} "
+                               f"(use --K 1, or --regime greedy|infopro)")
+        return module_ends(self.arch, self.K, self.split)
+
+    def loss_weights(self) -> LossWeights:
+        if self.regime != "infopro":
+            return LossWeights((), ())
+        return loss_weights(self.arch, self.K, self.split, self.lambda1, self.lambda2)
+
+    def run_id(self) -> str:
+        """Directory name from the content: dataset, arch, regime, K, split, recipe, seed.
+
+        The recipe tag lists what differs from the paper's recipe (n = train images, e = epochs,
+        b = batch size, bf16), so a short CPU run never shares a name with a paper-recipe run.
+        """
+        regime = f"infopro-{self.task_loss}" if self.regime == "infopro" else self.regime
+        split = "" if self.split == "paper" or self.K == 1 else f"-{self.split.replace(',', '_')}"
+        paper = TrainConfig()
+        recipe = "".join(f"-{tag}{getattr(self, name)}" for tag, name in
+                         (("n", "train_subset"), ("e", "epochs"), ("b", "batch_size"))
+                         if getattr(self, name) != getattr(paper, name))
+        recipe += "-bf16" if self.precision == "bf16" else ""
+        return f"{self.dataset}-{self.arch}-{regime}-K{self.K}{split}{recipe}-s{self.seed}"
+
+
+def build_net(config: TrainConfig) -> LocalNet:
+    """The local network of `config`, initialised from its seed."""
+    torch.manual_seed(config.seed)
+    return build_local_net(config.arch, config.regime, config.module_ends(), config.loss_weights(),
+                           config.task_loss or "contrast")
+
+
+def learning_rate(config: TrainConfig, epoch: int) -> float:
+    """Learning rate of epoch `epoch` (1-based), set once per epoch as the paper's `--cos_lr`.
+
+    Cosine decay lr0 * (1 + cos(pi * e / E)) / 2; during the first W warm-up epochs it is
+    blended linearly with 0.01: weight (e-1)/W on the cosine value, (W+1-e)/W on 0.01.
+    """
+    cosine = 0.5 * config.lr * (1 + math.cos(math.pi * epoch / config.epochs))
+    warmup = config.warmup_epochs
+    if epoch > warmup:
+        return cosine
+    return cosine * (epoch - 1) / warmup + WARMUP_START_LR * (warmup + 1 - epoch) / warmup
+
+
+def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
+    """Data order and augmentation of one epoch, a function of (seed, epoch) only.
+
+    Re-seeding per epoch instead of saving generator state is what makes a resumed run
+    draw exactly the batches the uninterrupted run would have drawn.
+    """
+    state = int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0])
+    return torch.Generator(device=device).manual_seed(state)
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def prepare_input(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Normalised network input; channels-last on CUDA, where cuDNN's convolutions prefer it."""
+    x = normalise(x)
+    return x.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else x
+
+
+def train_step(net: LocalNet, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32"):
+    """Forward and backward through the K modules for one batch x in [0, 1]; no optimizer step.
+
+    Returns each module's loss and the number of misclassified samples at the network's
+    head, as device tensors (no host synchronisation).
+    """
+    device = x.device
+    h = prepare_input(x, device)
+    losses = []
+    for k in range(net.K):
+        with autocast(device, precision):
+            for layer in net.segment(k):
+                h = layer(h)
+            if k < net.K - 1:
+                loss = net.objectives[k](h, x, y)
+            else:
+                logits = net.backbone.head(h)
+                loss = F.cross_entropy(logits.float(), y)
+        loss.backward()  # frees module k's graph before module k+1 runs
+        losses.append(loss.detach())
+        h = h.detach()   # the next module sees a leaf: no gradient crosses the boundary
+    return torch.stack(losses), (logits.argmax(1) != y).sum()
+
+
+@torch.inference_mode()
+def evaluate(net: LocalNet, split: Split, precision: str = "fp32") -> float:
+    """Test error (%) of the network's head on un-augmented images, BN in eval mode."""
+    was_training = net.training
+    net.eval()
+    wrong = torch.zeros((), dtype=torch.long, device=split.labels.device)
+    for start in range(0, len(split), EVAL_BATCH):
+        images = split.images[start:start + EVAL_BATCH]
+        with autocast(images.device, precision):
+            logits = net.backbone(prepare_input(to_unit(images), images.device))
+        wrong += (logits.argmax(1) != split.labels[start:start + EVAL_BATCH]).sum()
+    net.train(was_training)
+    return 100.0 * wrong.item() / len(split)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda"):
+        raise InfoProError(f"unknown device {name!r}; valid: auto, cpu, cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InfoProError("--device cuda but no CUDA device is available; use --device cpu or auto")
+    return torch.device(name)
+
+
+def configure_backends(device: torch.device) -> None:
+    """cuDNN autotuning and TF32 on CUDA (both recorded in the provenance); nothing on CPU."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+
+
+class RunDir:
+    """A run's directory: refuses a different run, resumes the same one, writes atomically."""
+
+    def __init__(self, path, record: dict):
+        self.path = Path(path)
+        self.record = record
+
+    def identity(self, record: dict) -> tuple:
+        return record["config"], record["dataset"]["fingerprint"]
+
+    def open(self, resume: bool) -> dict | None:
+        """Return the checkpoint to resume from (None to start afresh); refuse a mismatch."""
+        config_file = self.path / "config.json"
+        if not config_file.exists():
+            if self.path.exists() and any(self.path.iterdir()):
+                raise RunDirError(f"{self.path} exists and is not a run directory; choose another --out")
+            write_json(config_file, self.record)
+            return None
+        stored = read_json(config_file)
+        if self.identity(stored) != self.identity(self.record):
+            differences = differing_keys(stored, self.record)
+            raise RunDirError(f"{self.path} holds a different run (differs in: {differences}); "
+                              f"choose another --out")
+        if not resume:
+            raise RunDirError(f"{self.path} already holds this run; pass --resume to continue it")
+        checkpoint = self.path / "checkpoint.pt"
+        if not checkpoint.exists():
+            return None
+        # Epochs after this point ran on this machine and software: say so beside the first.
+        stored.setdefault("resumed", []).append(self.record["provenance"])
+        write_json(config_file, stored)
+        return torch.load(checkpoint, map_location="cpu", weights_only=True)
+
+    @property
+    def finished(self) -> bool:
+        return (self.path / "summary.json").exists()
+
+    def save_epoch(self, net, optimizer, epoch: int, metrics: list[dict]) -> None:
+        write_csv(self.path / "metrics.csv", metrics)
+        save_torch(self.path / "checkpoint.pt", {"epoch": epoch, "model": net.state_dict(),
+                                                 "optimizer": optimizer.state_dict(), "metrics": metrics})
+
+    def finish(self, net, summary: dict) -> None:
+        save_torch(self.path / "model.pt", net.state_dict())
+        write_json(self.path / "summary.json", summary)
+        (self.path / "checkpoint.pt").unlink(missing_ok=True)
+
+
+def differing_keys(stored: dict, current: dict) -> str:
+    keys = [key for key in current["config"] if stored["config"].get(key) != current["config"][key]]
+    if stored["dataset"]["fingerprint"] != current["dataset"]["fingerprint"]:
+        keys.append("dataset fingerprint")
+    return ", ".join(f"{key} {stored['config'].get(key)!r} -> {current['config'].get(key)!r}"
+                     if key in current["config"] else key for key in keys)
+
+
+def run_record(config: TrainConfig, dataset, train: Split, test: Split, device: torch.device) -> dict:
+    """The contents of config.json: config, resolved split and λs, data identity, provenance."""
+    weights = config.loss_weights()
+    return {
+        "run_id": config.run_id(),
+        "config": asdict(config),
+        "resolved": {"module_ends": config.module_ends(), "lambda1": list(weights.lambda1),
+                     "lambda2": list(weights.lambda2)},
+        "dataset": {"name": dataset.name, "fingerprint": dataset.fingerprint, "source": dataset.source,
+                    "train_size": len(train), "test_size": len(test)},
+        "provenance": provenance(device) | {"precision": config.precision},
+    }
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent otherwise (logs stay one line per epoch)."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.label = total, label
+        self.enabled = sys.stderr.isatty()
+
+    def update(self, done: int) -> None:
+        if self.enabled:
+            filled = 30 * done // self.total
+            print(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total}",
+                  end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print("\r" + " " * (len(self.label) + 45) + "\r", end="", file=sys.stderr, flush=True)
+
+
+def train_epoch(net, optimizer, train: Split, config: TrainConfig, epoch: int, measure: dict | None):
+    """One pass over `train`; returns summed module losses and misclassified count (on device).
+
+    When `measure` is a dict, the first step's peak saved-activation bytes are put in it.
+    """
+    device = train.images.device
+    generator = epoch_generator(config.seed, epoch, device)
+    batches = shuffled_batches(len(train), config.batch_size, generator)
+    loss_sums = torch.zeros(net.K, device=device)
+    wrong = torch.zeros((), dtype=torch.long, device=device)
+    progress = Progress(len(batches), f"epoch {epoch}")
+    for step, index in enumerate(batches):
+        x = augmented_batch(train.images[index], generator)
+        y = train.labels[index]
+        optimizer.zero_grad(set_to_none=True)
+        with SavedActivations() if measure is not None and step == 0 else nullcontext() as saved:
+            losses, batch_wrong = train_step(net, x, y, config.precision)
+        if saved is not None:
+            measure["peak_saved_activation_bytes"] = saved.peak_bytes
+        optimizer.step()
+        loss_sums += losses * len(index)
+        wrong += batch_wrong
+        progress.update(step + 1)
+    progress.close()
+    return loss_sums, wrong
+
+
+def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, download: bool = False,
+          resume: bool = False, stop_after_epoch: int | None = None, time_budget: float | None = None,
+          log=print) -> dict | None:
+    """Train `config` into directory `out`; return the summary, or None if stopped early.
+
+    Stopping early leaves a resumable run: `stop_after_epoch` ends this call after that
+    epoch; `time_budget` (seconds) ends it after the last epoch that is expected to finish
+    within the budget, judged by the duration of the epoch before.
+    """
+    deadline = None if time_budget is None else time.monotonic() + time_budget
+    device = resolve_device(device)
+    configure_backends(device)
+    dataset = load_dataset(config.dataset, data_root, download)
+    train_split = dataset.train.subset(config.train_subset).to(device)
+    test_split = dataset.test.subset(config.test_subset).to(device)
+    net = build_net(config).to(device)
+    if device.type == "cuda":
+        net = net.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum,
+                                nesterov=True, weight_decay=config.weight_decay)
+    run = RunDir(out, run_record(config, dataset, train_split, test_split, device))
+    checkpoint = run.open(resume)
+    if run.finished:
+        log(f"{run.path}: already complete ({config.epochs} epochs)")
+        return read_json(run.path / "summary.json")
+    metrics, start = [], 1
+    if checkpoint is not None:
+        net.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        metrics, start = checkpoint["metrics"], checkpoint["epoch"] + 1
+        log(f"resuming {run.path} after epoch {checkpoint['epoch']}")
+
+    measured, memory = {}, {}
+    for epoch in range(start, config.epochs + 1):
+        lr = learning_rate(config, epoch)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        began = time.perf_counter()
+        # CUDA peaks are taken after the first epoch of this call (cuDNN autotuning, warm-up).
+        with cuda_peak(device, memory if epoch > start or epoch == config.epochs else {}):
+            loss_sums, wrong = train_epoch(net, optimizer, train_split, config, epoch,
+                                           measured if epoch == start else None)
+            losses = (loss_sums / len(train_split)).tolist()
+        seconds = time.perf_counter() - began
+        if not all(math.isfinite(v) for v in losses):
+            kept = f"keeps the checkpoint of epoch {epoch - 1}" if epoch > 1 else "has no checkpoint yet"
+            raise DivergedError(f"non-finite loss in epoch {epoch} (module losses {losses}); "
+                                f"{run.path} {kept}")
+        row = {"epoch": epoch, "lr": lr, **{f"loss_m{k + 1}": v for k, v in enumerate(losses)},
+               "train_error": 100.0 * wrong.item() / len(train_split),
+               "test_error": evaluate(net, test_split, config.precision), "epoch_seconds": seconds}
+        metrics.append(row)
+        run.save_epoch(net, optimizer, epoch, metrics)
+        log(epoch_line(row, config.epochs, len(train_split)))
+        next_epoch_end = time.monotonic() + time.perf_counter() - began
+        if epoch < config.epochs and ((stop_after_epoch is not None and epoch >= stop_after_epoch)
+                                      or (deadline is not None and next_epoch_end > deadline)):
+            log(f"stopped after epoch {epoch}/{config.epochs}; continue with --resume")
+            return None
+
+    summary = summarise(metrics, len(train_split), measured, memory, train_split.nbytes + test_split.nbytes)
+    run.finish(net, summary)
+    return summary
+
+
+def epoch_line(row: dict, epochs: int, images: int) -> str:
+    losses = " ".join(f"{value:.3f}" for key, value in row.items() if key.startswith("loss_m"))
+    return (f"epoch {row['epoch']}/{epochs}  lr {row['lr']:.4f}  loss {losses}  "
+            f"train {row['train_error']:.2f}%  test {row['test_error']:.2f}%  "
+            f"{row['epoch_seconds']:.1f}s ({images / row['epoch_seconds']:.0f} img/s)")
+
+
+def summarise(metrics: list[dict], train_size: int, measured: dict, memory: dict, data_bytes: int) -> dict:
+    """summary.json: the headline is the final epoch's test error (never a best epoch)."""
+    train_seconds = sum(row["epoch_seconds"] for row in metrics)
+    return {
+        "final_test_error": metrics[-1]["test_error"],
+        "final_train_error": metrics[-1]["train_error"],
+        "epochs": len(metrics),
+        "train_seconds": train_seconds,
+        "images_per_second": train_size * len(metrics) / train_seconds,
+        "peak_saved_activation_bytes": measured.get("peak_saved_activation_bytes"),
+        "peak_cuda_allocated_bytes": memory.get("peak_cuda_allocated_bytes"),
+        "peak_cuda_reserved_bytes": memory.get("peak_cuda_reserved_bytes"),
+        "resident_dataset_bytes": data_bytes,
+    }

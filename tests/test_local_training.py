@@ -1,0 +1,126 @@
+"""What the paper's claims rest on: gradient isolation, K=1 = E2E, gradients, memory, learning."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from infopro.local import supervised_contrastive_loss
+from infopro.memory import SavedActivations
+from infopro.train import TrainConfig, build_net, prepare_input, train, train_step
+
+REGIMES = [("e2e", 1, None), ("greedy", 4, None), ("infopro", 4, "contrast"), ("infopro", 4, "softmax")]
+
+
+def fixed_batch(n=16, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 3, 32, 32, generator=generator), torch.arange(n) % 10
+
+
+def gradients(net):
+    return {name: None if p.grad is None else p.grad.clone() for name, p in net.named_parameters()}
+
+
+def module_loss(net, k, x, y):
+    """Module k's loss alone, its input the detached output of the modules before it."""
+    h = prepare_input(x, x.device)
+    with torch.no_grad():
+        for j in range(k):
+            for layer in net.segment(j):
+                h = layer(h)
+    for layer in net.segment(k):
+        h = layer(h)
+    if k < net.K - 1:
+        return net.objectives[k](h, x, y)
+    return F.cross_entropy(net.backbone.head(h), y)
+
+
+@pytest.mark.parametrize("regime,task", [("greedy", None), ("infopro", "contrast")])
+def test_no_gradient_crosses_a_module_boundary(regime, task):
+    x, y = fixed_batch()
+    net = build_net(TrainConfig(regime=regime, K=4, task_loss=task, dataset="synthetic"))
+    train_step(net, x, y)
+    combined = gradients(net)
+    owner = net.module_of_parameter()
+    for k in range(net.K):
+        net.zero_grad(set_to_none=True)
+        module_loss(net, k, x, y).backward()
+        for name, p in net.named_parameters():
+            if owner[name] == k:
+                assert torch.allclose(p.grad, combined[name], atol=1e-6), name
+            else:
+                assert p.grad is None, f"module {k}'s loss reached {name} (module {owner[name]})"
+
+
+def test_infopro_with_one_module_is_end_to_end():
+    x, y = fixed_batch()
+    e2e = build_net(TrainConfig(regime="e2e", dataset="synthetic"))
+    infopro = build_net(TrainConfig(regime="infopro", K=1, dataset="synthetic"))
+    assert all(torch.equal(a, b) for a, b in zip(e2e.state_dict().values(), infopro.state_dict().values()))
+    loss_e2e, _ = train_step(e2e, x, y)
+    loss_infopro, _ = train_step(infopro, x, y)
+    assert torch.equal(loss_e2e, loss_infopro)
+    for (name, a), b in zip(e2e.named_parameters(), infopro.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+
+
+@pytest.mark.parametrize("regime,K,task", REGIMES + [("infopro", 16, "contrast")])
+def test_every_parameter_gets_a_gradient(regime, K, task):
+    x, y = fixed_batch(32)
+    net = build_net(TrainConfig(regime=regime, K=K, task_loss=task, dataset="synthetic",
+                                lambda1=(1, 1), lambda2=(1, 1)))
+    losses, _ = train_step(net, x, y)
+    assert losses.shape == (K,) and torch.isfinite(losses).all()
+    missing = [name for name, p in net.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+def test_saved_activation_counter_on_known_graphs():
+    x = torch.randn(8, 100)
+    linear = torch.nn.Linear(100, 50)
+    with SavedActivations() as saved:
+        torch.relu(linear(x)).sum().backward()
+    assert saved.peak_bytes == x.nbytes + 8 * 50 * 4  # linear saves x, relu saves its output
+    assert saved.current_bytes == 0                    # everything released after backward
+    with SavedActivations() as saved:
+        a = x.clone().requires_grad_()
+        (a * a).sum().backward()                       # the same storage saved twice counts once
+    assert saved.peak_bytes == x.nbytes
+
+
+def peak_saved(regime, K, batch=32):
+    x, y = fixed_batch(batch)
+    net = build_net(TrainConfig(regime=regime, K=K, dataset="synthetic"))
+    with SavedActivations() as saved:
+        train_step(net, x, y)
+    return saved.peak_bytes
+
+
+def test_infopro_k16_saves_at_most_a_quarter_of_e2e_activations():
+    e2e = peak_saved("e2e", 1)
+    by_k = {K: peak_saved("infopro", K) for K in (2, 4, 16)}
+    assert by_k[16] <= 0.25 * e2e, (by_k, e2e)
+    assert by_k[16] < by_k[4] < by_k[2] < e2e
+    assert peak_saved("greedy", 16) <= by_k[16]
+
+
+def test_supervised_contrastive_loss_on_known_geometry():
+    labels = torch.tensor([0, 0, 1, 1])
+    aligned = torch.tensor([[1.0, 0], [1.0, 0], [0, 1.0], [0, 1.0]])
+    anti = torch.tensor([[1.0, 0], [0, 1.0], [1.0, 0], [0, 1.0]])
+    assert supervised_contrastive_loss(aligned, labels) < supervised_contrastive_loss(anti, labels)
+    # One positive among three candidates of equal similarity: loss = log 3.
+    equal = torch.eye(4)
+    assert torch.isclose(supervised_contrastive_loss(equal, labels, temperature=1.0), torch.log(torch.tensor(3.0)))
+    # Anchors without a positive contribute 0 to the mean.
+    assert supervised_contrastive_loss(equal, torch.tensor([0, 1, 2, 3])) == 0
+
+
+SMOKE = dict(dataset="synthetic", train_subset=1000, test_subset=500, epochs=2, batch_size=32,
+             lr=0.05, warmup_epochs=0)
+
+
+@pytest.mark.parametrize("regime,K,task", REGIMES)
+def test_short_run_learns(regime, K, task, tmp_path):
+    summary = train(TrainConfig(regime=regime, K=K, task_loss=task, **SMOKE), tmp_path / "run",
+                    device="cpu", log=lambda line: None)
+    assert summary["final_test_error"] < 45, summary  # chance is 90%

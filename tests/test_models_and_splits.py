@@ -1,0 +1,64 @@
+"""Architecture and split tables against the paper (facts §2)."""
+
+import pytest
+import torch
+
+from infopro.errors import InfoProError
+from infopro.models import build_backbone
+from infopro.splits import loss_weights, module_ends
+
+
+def test_resnet32_parameter_count_and_layer_points():
+    net = build_backbone("resnet32")
+    assert sum(p.numel() for p in net.parameters()) == 466_906
+    assert net.num_layer_points == 16
+    assert build_backbone("resnet110").num_layer_points == 55
+
+
+def test_intermediates_are_the_forward_pass():
+    net = build_backbone("resnet32").eval()
+    x = torch.randn(2, 3, 32, 32)
+    features = net.forward_intermediates(x, range(1, 17))
+    assert [tuple(features[p].shape[1:]) for p in (1, 6, 7, 12, 16)] == \
+        [(16, 32, 32), (16, 32, 32), (32, 16, 16), (64, 8, 8), (64, 8, 8)]
+    assert all(tuple(features[p].shape[1:]) == net.layer_shape(p) for p in features)
+    assert torch.allclose(net.head(features[16]), net(x))
+
+
+# Module ends as "ends after global block g" in facts §2.3-2.5; layer point L = g + 1, stem = 1.
+PAPER_ENDS = {
+    ("resnet32", "paper", 2): [7], ("resnet32", "paper", 3): [5, 10], ("resnet32", "paper", 4): [3, 7, 11],
+    ("resnet32", "paper", 8): [1, 3, 5, 7, 9, 11, 13], ("resnet32", "paper", 16): list(range(0, 15)),
+    ("resnet110", "paper", 2): [27], ("resnet110", "paper", 3): [18, 36],
+    ("resnet110", "paper", 4): [12, 26, 40], ("resnet110", "paper", 8): [5, 12, 19, 26, 33, 40, 47],
+    ("resnet110", "paper", 16): [2, 5, 8, 11, 14, 17, 20, 23, 26, 30, 34, 38, 42, 46, 50],
+    ("resnet110", "balanced", 2): [15], ("resnet110", "balanced", 3): [10, 21],
+    ("resnet110", "balanced", 4): [7, 15, 27],
+}
+
+
+@pytest.mark.parametrize("arch,split,K", sorted(PAPER_ENDS))
+def test_split_tables_match_the_paper(arch, split, K):
+    assert module_ends(arch, K, split) == [g + 1 for g in PAPER_ENDS[(arch, split, K)]]
+
+
+def test_custom_splits_and_their_errors():
+    assert module_ends("resnet32", 3, "4,9") == [4, 9]
+    assert module_ends("resnet32", 1) == []
+    for K, split, message in [(3, "4", "gives 2 modules"), (3, "9,4", "increase strictly"),
+                              (2, "16", "increase strictly"), (2, "a", "comma-separated"),
+                              (5, "paper", "no paper split table"), (3, "balanced", "no balanced split")]:
+        with pytest.raises(InfoProError, match=message):
+            module_ends("resnet32", K, split)
+
+
+def test_loss_weights_interpolate_linearly_between_first_and_last_module():
+    weights = loss_weights("resnet32", 4, "paper")
+    assert weights.lambda1 == (6, 3.5, 1) and weights.lambda2 == (0, 1, 2)
+    assert loss_weights("resnet32", 2, "paper").lambda1 == (5,)
+    k16 = loss_weights("resnet32", 16, "paper")
+    assert len(k16.lambda1) == 15 and k16.lambda1[0] == 5 and abs(k16.lambda1[-1] - 0.2) < 1e-12
+    assert loss_weights("resnet110", 4, "balanced").lambda2 == (0, 0.05, 0.1)
+    assert loss_weights("resnet32", 3, "4,9", (2, 1), (0, 1)).lambda1 == (2, 1)
+    with pytest.raises(InfoProError, match="gives no λ1/λ2"):
+        loss_weights("resnet32", 3, "paper")

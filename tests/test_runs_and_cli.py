@@ -1,0 +1,124 @@
+"""Run directories: resume equivalence, determinism, divergence, and one-line errors."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import infopro.train
+from conftest import run_cli
+from infopro.errors import DivergedError, RunDirError
+from infopro.train import TrainConfig, train
+
+TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
+                   epochs=3, batch_size=64, lr=0.05, warmup_epochs=1)
+
+
+def quiet(line):
+    pass
+
+
+def weights(run):
+    return torch.load(run / "model.pt", weights_only=True)
+
+
+def test_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
+    train(TINY, tmp_path / "whole", device="cpu", log=quiet)
+    assert train(TINY, tmp_path / "cut", device="cpu", log=quiet, stop_after_epoch=1) is None
+    assert (tmp_path / "cut" / "checkpoint.pt").exists() and not (tmp_path / "cut" / "model.pt").exists()
+    train(TINY, tmp_path / "cut", device="cpu", log=quiet, resume=True)
+    whole, cut = (pd.read_csv(tmp_path / name / "metrics.csv") for name in ("whole", "cut"))
+    columns = [c for c in whole.columns if c != "epoch_seconds"]
+    pd.testing.assert_frame_equal(whole[columns], cut[columns])
+    for name, tensor in weights(tmp_path / "whole").items():
+        assert torch.equal(tensor, weights(tmp_path / "cut")[name]), name
+    assert not (tmp_path / "cut" / "checkpoint.pt").exists()  # resume state only while unfinished
+    assert "resumed" in json.loads((tmp_path / "cut" / "config.json").read_text())
+
+
+def test_same_seed_same_result_other_seed_differs(tmp_path):
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        train(TrainConfig(**{**TINY.__dict__, "seed": seed, "epochs": 1}), tmp_path / name,
+              device="cpu", log=quiet)
+    a, b, c = (weights(tmp_path / name) for name in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    train(TINY, run, device="cpu", log=quiet, stop_after_epoch=1)
+    real_step = infopro.train.train_step
+
+    def diverging_step(*args, **kwargs):
+        losses, wrong = real_step(*args, **kwargs)
+        return losses * float("nan"), wrong
+    monkeypatch.setattr(infopro.train, "train_step", diverging_step)
+    with pytest.raises(DivergedError, match="non-finite loss in epoch 2.*checkpoint of epoch 1"):
+        train(TINY, run, device="cpu", log=quiet, resume=True)
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    assert len(pd.read_csv(run / "metrics.csv")) == 1
+
+
+def test_a_directory_holding_another_run_is_refused(tmp_path):
+    run = tmp_path / "run"
+    train(TINY, run, device="cpu", log=quiet, stop_after_epoch=1)
+    with pytest.raises(RunDirError, match="different run.*seed 0 -> 1"):
+        train(TrainConfig(**{**TINY.__dict__, "seed": 1}), run, device="cpu", log=quiet)
+    with pytest.raises(RunDirError, match="pass --resume"):
+        train(TINY, run, device="cpu", log=quiet)
+
+
+def test_cli_writes_the_run_files(tmp_path):
+    out = tmp_path / "run"
+    result = run_cli("experiments.train", "--arch", "resnet32", "--regime", "infopro", "--K", "4",
+                     "--dataset", "synthetic", "--epochs", "1", "--train-subset", "128",
+                     "--test-subset", "64", "--batch-size", "64", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "metrics.csv", "model.pt", "summary.json"]
+    record = json.loads((out / "config.json").read_text())
+    assert record["resolved"]["module_ends"] == [4, 8, 12]
+    assert record["resolved"]["lambda1"] == [6, 3.5, 1]
+    assert {"git_commit", "git_dirty", "torch", "device_name"} <= set(record["provenance"])
+    assert record["dataset"]["name"] == "synthetic" and len(record["dataset"]["fingerprint"]) == 16
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["peak_saved_activation_bytes"] > 0 and summary["peak_cuda_allocated_bytes"] is None
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert list(metrics.columns) == ["epoch", "lr", "loss_m1", "loss_m2", "loss_m3", "loss_m4",
+                                     "train_error", "test_error", "epoch_seconds"]
+
+
+BAD_INPUTS = [
+    (["--arch", "resnet18", "--regime", "e2e"], "invalid choice: 'resnet18'"),
+    (["--regime", "dgl"], "invalid choice: 'dgl'"),
+    (["--regime", "infopro", "--K", "2", "--task-loss", "mse"], "invalid choice: 'mse'"),
+    (["--regime", "e2e", "--dataset", "imagenet"], "invalid choice: 'imagenet'"),
+    (["--regime", "e2e", "--K", "4"], "regime e2e trains one module"),
+    (["--regime", "greedy", "--K", "5"], "no paper split table for resnet32 with K=5"),
+    (["--regime", "e2e", "--dataset", "cifar10", "--data-root", "/nonexistent"], "CIFAR-10 not found"),
+    (["--regime", "e2e", "--dataset", "cifar10-jpeg", "--data-root", "/nonexistent"], "cifar10-jpeg not found"),
+    (["--regime", "e2e", "--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_INPUTS)
+def test_bad_input_gets_one_line_and_non_zero_exit(args, message, tmp_path):
+    if "--dataset" not in args:
+        args = [*args, "--dataset", "synthetic"]
+    result = run_cli("experiments.train", *args, "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"\x1f\x8b broken")
+    result = run_cli("experiments.train", "--regime", "e2e", "--dataset", "cifar10",
+                     "--data-root", str(tmp_path), "--out", str(tmp_path / "a"))
+    assert result.returncode == 2 and "corrupt archive" in result.stderr
+    result = run_cli("experiments.train", "--regime", "e2e", "--dataset", "synthetic", "--lr", "1e30",
+                     "--warmup-epochs", "0", "--epochs", "2", "--train-subset", "128", "--test-subset", "32",
+                     "--batch-size", "64", "--out", str(tmp_path / "b"))
+    assert result.returncode == 3 and "non-finite loss" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
