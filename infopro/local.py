@@ -30,8 +30,6 @@ HIDDEN_DIM = 128            # hidden width of the auxiliary head's two FC layers
 DECODER_WIDTH = 12          # decoder hidden channels (--aux_net_widen 1)
 TEMPERATURE = 0.07          # supervised-contrastive temperature (= base temperature)
 
-# Input channels -> (output channels, stride) of the auxiliary head's one convolution (facts §4.5).
-AUX_CONV = {16: (32, 2), 32: (64, 2), 64: (64, 1)}
 
 
 class Decoder(nn.Module):
@@ -62,11 +60,15 @@ def reconstruction_loss(logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 class AuxHead(nn.Module):
-    """The paper's "1c2f" auxiliary head: conv3x3-BN-ReLU, global pool, FC-ReLU-FC."""
+    """The paper's "1c2f" auxiliary head: conv3x3-BN-ReLU, global pool, FC-ReLU-FC.
 
-    def __init__(self, in_channels: int, out_features: int, hidden: int = HIDDEN_DIM):
+    The convolution has min(2C, 64) channels and stride 2 on maps larger than 8x8, which
+    gives the paper's 16->32 (s2), 32->64 (s2) and 64->64 (s1) and extends to any input.
+    """
+
+    def __init__(self, in_channels: int, size: int, out_features: int, hidden: int = HIDDEN_DIM):
         super().__init__()
-        channels, stride = AUX_CONV[in_channels]
+        channels, stride = min(2 * in_channels, 64), 2 if size > 8 else 1
         self.body = nn.Sequential(
             nn.Conv2d(in_channels, channels, 3, stride, 1, bias=False), nn.BatchNorm2d(channels),
             nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -112,12 +114,13 @@ class GreedyObjective(nn.Module):
 class InfoProObjective(nn.Module):
     """λ1 · reconstruction BCE (keeps I(h,x)) + λ2 · task loss (keeps I(h,y))."""
 
-    def __init__(self, in_channels: int, num_classes: int, task_loss: str, lambda1: float, lambda2: float):
+    def __init__(self, in_channels: int, size: int, num_classes: int, task_loss: str,
+                 lambda1: float, lambda2: float):
         super().__init__()
         self.task_loss, self.lambda1, self.lambda2 = task_loss, lambda1, lambda2
         self.decoder = Decoder(in_channels)
         out = CONTRAST_DIM if task_loss == "contrast" else num_classes
-        self.aux_head = AuxHead(in_channels, out)
+        self.aux_head = AuxHead(in_channels, size, out)
 
     def forward(self, h, x, y):
         loss = self.lambda1 * reconstruction_loss(self.decoder(h), x)
@@ -186,11 +189,11 @@ def build_local_net(arch: str, regime: str, ends: list[int], weights: LossWeight
     backbone = build_backbone(arch, num_classes)
     objectives = []
     for k, end in enumerate(ends):
-        channels = backbone.layer_shape(end)[0]
+        channels, size, _ = backbone.layer_shape(end)
         if regime == "greedy":
             objectives.append(GreedyObjective(channels, num_classes))
         else:
-            objectives.append(InfoProObjective(channels, num_classes, task_loss,
+            objectives.append(InfoProObjective(channels, size, num_classes, task_loss,
                                                weights.lambda1[k], weights.lambda2[k]))
     init_like_paper(nn.ModuleList(objectives))
     return LocalNet(backbone, ends, objectives)

@@ -62,3 +62,16 @@ def test_loss_weights_interpolate_linearly_between_first_and_last_module():
     assert loss_weights("resnet32", 3, "4,9", (2, 1), (0, 1)).lambda1 == (2, 1)
     with pytest.raises(InfoProError, match="gives no λ1/λ2"):
         loss_weights("resnet32", 3, "paper")
+
+
+def test_auxiliary_head_and_decoder_match_the_paper():
+    from infopro.local import AuxHead, Decoder
+    # facts §4.5: 16 ch @32 -> conv 16->32 s2; 32 ch @16 -> 32->64 s2; 64 ch @8 -> 64->64 s1.
+    for channels, size, out, stride in [(16, 32, 32, 2), (32, 16, 64, 2), (64, 8, 64, 1)]:
+        conv, fc1, fc2 = (m for m in AuxHead(channels, size, 128).modules()
+                          if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)))
+        assert (conv.in_channels, conv.out_channels, conv.stride) == (channels, out, (stride, stride))
+        assert (fc1.in_features, fc1.out_features, fc2.out_features) == (out, 128, 128)
+    decoder = Decoder(32)
+    assert decoder(torch.randn(2, 32, 16, 16)).shape == (2, 3, 32, 32)
+    assert [m.out_channels for m in decoder.modules() if isinstance(m, torch.nn.Conv2d)] == [12, 3]

@@ -1,0 +1,26 @@
+"""Build figures and tables from files under results/ only (never trains): what `make figN` runs.
+
+    python -m analysis.build fig8            # results/figures/fig8.png and .pdf
+    python -m analysis.build fig7 fig10 table2
+
+fig7: test error vs K (Table 2's runs); fig8: linear separability per layer (linear_probe.csv);
+fig10: I(h,x) and I(h,y) per layer (mutual_information.csv); table2: ours vs the paper.
+Each takes a few seconds on a CPU.
+"""
+
+from infopro.cli import ArgumentParser, run
+from infopro.figures import TARGETS, build
+
+
+def main(argv=None):
+    p = ArgumentParser(prog="python -m analysis.build", description=__doc__.split("\n\n")[0])
+    p.add_argument("targets", nargs="+", choices=TARGETS)
+    p.add_argument("--results", default="results", help="the results folder to read and write")
+    args = p.parse_args(argv)
+    for target in args.targets:
+        for path in build(target, args.results):
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,118 @@
+"""Per-layer analyses of finished runs (linear probes, I(h,x) and I(h,y)) into result CSVs.
+
+Each analysed run adds one row per layer point, carrying the run's description (regime,
+K, seed, recipe, the commit that trained it), whether the layer ends a local module, the
+analysis settings, and the commit and device of the analysis itself. The CSV is rewritten
+atomically after every run, and runs already analysed with the same settings are skipped,
+so an interrupted `make probes` loses nothing and a re-run only does what is missing.
+"""
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from infopro.mi import EstimatorSettings, information_about_x, information_about_y
+from infopro.probes import DEFAULT_L2, check_pool, extract_features, frozen, probe_layers
+from infopro.records import device_name, git_state, write_csv
+from infopro.runs import Run
+from infopro.splits import num_layer_points
+
+
+def run_splits(run: Run, train_subset, test_subset, device, data_root):
+    """The run's own train and test images (optionally fewer), on `device`."""
+    data = run.load_data(data_root)
+    return data.train.subset(train_subset).to(device), data.test.subset(test_subset).to(device)
+
+
+def image_counts(run: Run, train_subset, test_subset, prefix: str) -> dict:
+    """How many of the run's train/test images an analysis uses, known before loading them."""
+    sizes = run.record["dataset"]
+    return {f"{prefix}_train_images": min(train_subset or sizes["train_size"], sizes["train_size"]),
+            f"{prefix}_test_images": min(test_subset or sizes["test_size"], sizes["test_size"])}
+
+
+def probe_settings(run: Run, pool="gap", l2=DEFAULT_L2, train_subset=None, test_subset=None) -> dict:
+    return {"pool": check_pool(pool), "l2": l2} | image_counts(run, train_subset, test_subset, "probe")
+
+
+def mutual_info_settings(run: Run, settings=EstimatorSettings(), train_subset=None, test_subset=None) -> dict:
+    return settings.as_columns() | image_counts(run, train_subset, test_subset, "mi")
+
+
+def layer_rows(run: Run, results: list[dict], settings: dict, device: torch.device) -> list[dict]:
+    """Rows for one run: run description + layer + module-end flag + settings + provenance."""
+    ends = set(run.module_ends)
+    analysis = {"analysis_commit": git_state()["git_commit"], "analysis_device": device_name(device)}
+    return [run.row() | {"layer": r["layer"], "module_end": r["layer"] in ends} | settings | r | analysis
+            for r in results]
+
+
+def probe_run(run: Run, layers, *, pool="gap", l2=DEFAULT_L2, train_subset=None, test_subset=None,
+              device=torch.device("cpu"), data_root=None, log=print) -> list[dict]:
+    """Linear-probe train/test error at each layer point of the run's frozen backbone."""
+    settings = probe_settings(run, pool, l2, train_subset, test_subset)
+    train, test = run_splits(run, train_subset, test_subset, device, data_root)
+    backbone = run.load_net(device).backbone
+    results = probe_layers(backbone, train, test, layers, pool, l2, log=log)
+    return layer_rows(run, results, settings, device)
+
+
+def mutual_info_run(run: Run, layers, *, settings=EstimatorSettings(), train_subset=None,
+                    test_subset=None, device=torch.device("cpu"), data_root=None, log=print) -> list[dict]:
+    """Î(h;x) and Î(h;y) at each layer point, one layer's features in memory at a time."""
+    columns = mutual_info_settings(run, settings, train_subset, test_subset)
+    train, test = run_splits(run, train_subset, test_subset, device, data_root)
+    backbone = run.load_net(device).backbone
+    results = []
+    with frozen(backbone):
+        for layer in layers:
+            train_h = extract_features(backbone, train, [layer], lambda h: h)[layer]
+            test_h = extract_features(backbone, test, [layer], lambda h: h)[layer]
+            result = {"layer": layer}
+            result |= information_about_y(train_h, train.labels, test_h, test.labels, settings)
+            result |= information_about_x(train_h, train.images, test_h, test.images, settings)
+            results.append(result)
+            log(f"  layer {layer:>2}: I(h,x) {result['ixx_normalised']:.3f}  I(h,y) {result['ixy_normalised']:.3f}")
+    return layer_rows(run, results, columns, device)
+
+
+def all_layers(run: Run) -> list[int]:
+    return list(range(1, num_layer_points(run.config.arch) + 1))
+
+
+def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *, force: bool = False,
+                 log=print) -> pd.DataFrame:
+    """Apply `analyse(run, layers) -> rows` to the layers (default: all) not yet in the CSV.
+
+    A layer counts as done when the CSV holds its row for the run with `settings_of(run)`;
+    `force` redoes them. New rows replace old ones for the same run, settings and layer.
+    """
+    csv_path = Path(csv_path)
+    table = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame()
+    for run in runs:
+        if not run.has_weights:
+            log(f"{run.run_id}: no model.pt, skipped")
+            continue
+        settings, wanted = settings_of(run), layers or all_layers(run)
+        same = matches(table, run.run_id, settings) if not table.empty else pd.Series(dtype=bool)
+        done = set() if force or table.empty else set(table.loc[same, "layer"])
+        missing = [layer for layer in wanted if layer not in done]
+        if not missing:
+            log(f"{run.run_id}: already analysed")
+            continue
+        log(f"{run.run_id}:")
+        rows = pd.DataFrame(analyse(run, missing))
+        if not table.empty:
+            table = table[~(same & table["layer"].isin(missing))]
+        table = pd.concat([table, rows], ignore_index=True)
+        write_csv(csv_path, table.to_dict("records"))
+    return table
+
+
+def matches(table: pd.DataFrame, run_id: str, settings: dict) -> pd.Series:
+    """Rows of `run_id` made with exactly `settings` (compared as text, as read back from CSV)."""
+    mask = table["run_id"] == run_id
+    for key, value in settings.items():
+        mask &= (table[key].astype(str) == str(value)) if key in table else False
+    return mask

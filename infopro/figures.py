@@ -1,0 +1,72 @@
+"""What each figure and table is built from, and building it: the code behind `make figN`.
+
+Everything is read from files under results/ (runs, analysis CSVs, the paper's reference
+values); nothing here trains or estimates. A missing input stops with one line that names
+the command making it and what that costs.
+"""
+
+from pathlib import Path
+
+import pandas as pd
+
+from infopro import plots, tables
+from infopro.errors import InfoProError
+from infopro.runs import runs_table
+
+# How to make each input, and what it cost when we made it (see README, "What each step costs").
+HOW_TO_MAKE = {
+    "runs": "train them with `python -m experiments.grid table2-resnet32 --out results/runs` (the paper's "
+            "grid; GPU time not yet measured) or `make fixture` (the small CPU fixture, about 3 h on 2 CPU cores)",
+    "probes": "make it with `make probes` (linear probes of every finished run; about 1 min per fixture "
+              "run on 2 CPU cores, GPU time not yet measured)",
+    "mutual-info": "make it with `make mutual-info` (decoder and classifier per layer of every finished "
+                   "run; about 15 min per fixture run on 2 CPU cores, GPU time not yet measured)",
+}
+
+
+def require(path: Path, maker: str) -> Path:
+    if not path.exists():
+        raise InfoProError(f"{path} is missing: {HOW_TO_MAKE[maker]}")
+    return path
+
+
+def load_runs(results) -> pd.DataFrame:
+    runs = runs_table(Path(results) / "runs")
+    if runs.empty:
+        raise InfoProError(f"no finished runs under {Path(results) / 'runs'}: {HOW_TO_MAKE['runs']}")
+    return runs
+
+
+def load_probes(results) -> pd.DataFrame:
+    return pd.read_csv(require(Path(results) / "analysis" / "linear_probe.csv", "probes"))
+
+
+def load_mutual_info(results) -> pd.DataFrame:
+    return pd.read_csv(require(Path(results) / "analysis" / "mutual_information.csv", "mutual-info"))
+
+
+def load_reference(results, name: str) -> pd.DataFrame:
+    """The paper's values (results/reference/<name>.csv), each row with its source."""
+    return pd.read_csv(Path(results) / "reference" / f"{name}.csv", keep_default_na=False, na_values=[""])
+
+
+FIGURES = {
+    "fig7": lambda r: plots.fig7_error_vs_k(load_runs(r), load_reference(r, "table2")),
+    "fig8": lambda r: plots.fig8_linear_probes(load_probes(r), load_reference(r, "analysis_figure")),
+    "fig10": lambda r: plots.fig10_mutual_information(load_mutual_info(r)),
+}
+TABLES = {
+    "table2": lambda r: tables.table2(load_runs(r), load_reference(r, "table2")),
+}
+TARGETS = (*FIGURES, *TABLES)
+
+
+def build(target: str, results="results") -> list[Path]:
+    """Build one figure (results/figures/<target>.png and .pdf) or table (results/tables/<target>.*)."""
+    results = Path(results)
+    if target in FIGURES:
+        return plots.save_figure(FIGURES[target](results), results / "figures" / target)
+    if target in TABLES:
+        table, caption = TABLES[target](results)
+        return tables.write_table(table, caption, results / "tables" / target)
+    raise InfoProError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")

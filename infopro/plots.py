@@ -1,0 +1,244 @@
+"""The paper's figures, drawn from result tables only, in one colour-blind-safe style.
+
+Every function takes DataFrames (read from CSVs under results/) and returns a matplotlib
+Figure built without pyplot, so it works headless, in notebooks and in tests alike. Each
+figure states in its footer the dataset, the training recipe, the number of seeds and the
+estimator settings it shows; the paper's values, where drawn, are faint and labelled.
+"""
+
+import functools
+import io
+import textwrap
+from pathlib import Path
+
+import matplotlib as mpl
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from infopro.records import atomic_write
+
+# Okabe & Ito (2008) colour-blind-safe palette.
+BLACK, ORANGE, SKY, GREEN, YELLOW, BLUE, VERMILLION, PURPLE = (
+    "#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
+K_COLOURS = {1: BLACK, 2: BLUE, 3: PURPLE, 4: GREEN, 8: ORANGE, 16: VERMILLION}
+METHODS = {  # key -> (label, colour, marker, line style)
+    "e2e": ("E2E", BLACK, "D", "-"),
+    "greedy": ("Greedy SL", VERMILLION, "o", "-"),
+    "infopro-contrast": ("InfoPro (Contrast)", BLUE, "s", "-"),
+    "infopro-softmax": ("InfoPro (Softmax)", GREEN, "^", "-"),
+}
+LAYER_AXIS = "layer point (1 = stem, then one per residual block)"
+RC = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
+      "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}
+
+
+def method_key(regime: str, task_loss) -> str:
+    return f"infopro-{task_loss}" if regime == "infopro" else regime
+
+
+def with_method(df: pd.DataFrame) -> pd.DataFrame:
+    """Add a `method` column (e2e, greedy, infopro-contrast, infopro-softmax)."""
+    task = df["task_loss"].fillna("") if "task_loss" in df else ""
+    return df.assign(method=[method_key(r, t) for r, t in zip(df["regime"], task)])
+
+
+def main_recipe(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Rows of the most substantial training recipe present, and its label.
+
+    results/ may hold a small CPU fixture next to full runs; a figure shows one recipe, the
+    one with the most training (images x epochs), so real runs replace the fixture in every
+    figure as soon as they land, and the footer says which recipe is shown.
+    """
+    if df.empty:
+        return df, ""
+    weight = df["train_images"] * df["epochs"]
+    recipe = df.loc[weight.idxmax(), "recipe"]
+    return df[df["recipe"] == recipe], recipe
+
+
+def styled(draw):
+    """Run a figure function under the repository's rc style (fonts, grid, spines)."""
+    @functools.wraps(draw)
+    def wrapper(*args, **kwargs):
+        with mpl.rc_context(RC):
+            return draw(*args, **kwargs)
+    return wrapper
+
+
+def new_figure(width: float, height: float, rows: int = 1, cols: int = 1):
+    figure = Figure(figsize=(width, height), layout="constrained")
+    return figure, figure.subplots(rows, cols, squeeze=False)
+
+
+def footer(figure: Figure, *lines: str) -> None:
+    """Small grey provenance text under the axes, wrapped to the figure's width."""
+    width = int(figure.get_figwidth() * 15)
+    text = "\n".join(textwrap.fill(line, width) for line in lines if line)
+    rows = text.count("\n") + 1
+    height = 0.11 * rows / figure.get_figheight()
+    figure.get_layout_engine().set(rect=(0, height, 1, 1 - height))
+    figure.text(0.01, 0.01, text, fontsize=7, color="#444444", ha="left", va="bottom")
+
+
+def layer_axis(ax, ylabel: str) -> None:
+    ax.set_xlabel(LAYER_AXIS)
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def shared_legend(figure: Figure, ax, extra: list[tuple]) -> None:
+    """One legend above all panels: the curves of `ax` plus (handle, label) extras."""
+    handles, labels = ax.get_legend_handles_labels()
+    for handle, label in extra:
+        handles.append(handle)
+        labels.append(label)
+    columns = max(1, min(len(labels), int(figure.get_figwidth() / 1.9)))
+    figure.legend(handles, labels, loc="outside upper center", ncols=columns, frameon=False)
+
+
+MODULE_END = (Line2D([], [], marker="o", ms=6, mfc="white", mec="black", ls=""), "end of a local module")
+
+
+def seeds_text(df: pd.DataFrame, group: list[str]) -> str:
+    counts = df.groupby(group)["seed"].nunique()
+    low, high = counts.min(), counts.max()
+    return f"n = {low} seed{'s' if high > 1 else ''} per point" if low == high else f"n = {low}-{high} seeds per point"
+
+
+def layer_curves(ax, df: pd.DataFrame, value: str, ends: dict[int, list[int]]) -> None:
+    """One line per K: mean of `value` over seeds at each layer; module ends as large markers."""
+    for K, group in sorted(df.groupby("K"), key=lambda item: item[0]):
+        means = group.groupby("layer")[value].mean()
+        colour = K_COLOURS.get(K, PURPLE)
+        label = "K = 1 (E2E)" if K == 1 else f"K = {K}"
+        ax.plot(means.index, means.values, color=colour, lw=1.4, marker="o", ms=2.5, label=label)
+        at_ends = [layer for layer in means.index if layer in ends.get(K, []) or layer == means.index.max()]
+        ax.scatter(at_ends, means.loc[at_ends], s=28, color=colour, edgecolor="black", linewidth=0.8, zorder=3)
+
+
+def module_end_table(df: pd.DataFrame) -> dict[int, list[int]]:
+    """K -> layer points that end a local module, from the analysis rows' module_end flags."""
+    return {K: sorted(group.loc[group["module_end"].astype(bool), "layer"].unique())
+            for K, group in df.groupby("K")}
+
+
+def reference_curves(ax, reference: pd.DataFrame, quantity: str) -> bool:
+    """The paper's read-off values as faint thin lines; True if any were drawn."""
+    rows = reference[reference["quantity"] == quantity]
+    for K, group in rows.groupby("K"):
+        ax.plot(group["layer"], group["value"], color=K_COLOURS.get(K, PURPLE), lw=0.8, alpha=0.35, ls="--")
+    return not rows.empty
+
+
+def panel_rows(df: pd.DataFrame, method: str) -> pd.DataFrame:
+    """Rows of one method plus the E2E rows, which every panel shows as K = 1."""
+    return df[df["method"].isin([method, "e2e"])]
+
+
+@styled
+def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
+    """Linear-probe test error vs layer point, one curve per K: greedy SL, and InfoPro beside it."""
+    probes, recipe = main_recipe(with_method(probes))
+    panels = [m for m in ("greedy", "infopro-contrast", "infopro-softmax") if m in set(probes["method"])]
+    panels = panels or ["e2e"]
+    figure, axes = new_figure(4.0 * len(panels), 3.9, 1, len(panels))
+    ends = module_end_table(probes)
+    paper = False
+    for ax, method in zip(axes[0], panels):
+        layer_curves(ax, panel_rows(probes, method), "test_error", ends)
+        if method == "greedy":
+            paper = reference_curves(ax, reference, "linear_probe_test_error")
+        ax.set_title(METHODS[method][0])
+        layer_axis(ax, "linear-probe test error (%)")
+        ax.set_ylim(bottom=0)
+    extra = [MODULE_END]
+    if paper:
+        extra.append((Line2D([], [], color="grey", alpha=0.5, ls="--", lw=0.8),
+                      "paper, greedy SL (read off)"))
+    shared_legend(figure, axes[0, 0], extra)
+    first = probes.iloc[0]
+    footer(figure, f"{first['arch']} on {first['dataset']} ({recipe}); {seeds_text(probes, ['method', 'K'])}.",
+           f"Probe: {first['pool']} pooling, multinomial logistic regression (L2 {first['l2']:g}, L-BFGS) fitted on "
+           f"{first['probe_train_images']:,} train images of the frozen network; error on "
+           f"{first['probe_test_images']:,} test images.")
+    return figure
+
+
+@styled
+def fig10_mutual_information(mi: pd.DataFrame) -> Figure:
+    """Estimated I(h,x) and I(h,y) vs layer point, one curve per K; a row per method."""
+    mi, recipe = main_recipe(with_method(mi))
+    methods = [m for m in ("greedy", "infopro-contrast", "infopro-softmax") if m in set(mi["method"])]
+    methods = methods or ["e2e"]
+    figure, axes = new_figure(8.0, 0.6 + 2.9 * len(methods), len(methods), 2)
+    ends = module_end_table(mi)
+    for row, method in enumerate(methods):
+        rows = panel_rows(mi, method)
+        for ax, value, label in ((axes[row, 0], "ixx_normalised", "Î(h,x) / reducible H(x)"),
+                                 (axes[row, 1], "ixy_normalised", "Î(h,y) / H(y)")):
+            layer_curves(ax, rows, value, ends)
+            ax.set_title(f"{METHODS[method][0]}: {label.split(' /')[0]}")
+            layer_axis(ax, label)
+    shared_legend(figure, axes[0, 0], [MODULE_END])
+    first = mi.iloc[0]
+    footer(figure, f"{first['arch']} on {first['dataset']} ({recipe}); {seeds_text(mi, ['method', 'K'])}.",
+           f"Held-out predictive information (infopro/mi.py): I(h,x) from a decoder trained with pixel BCE, "
+           f"as a fraction of the entropy a perfect reconstruction removes; I(h,y) from a 1c2f classifier, "
+           f"as a fraction of H(y) = ln 10. Adam lr {first['est_lr']:g}, {first['est_epochs']} epochs, "
+           f"{first['mi_train_images']:,} train / {first['mi_test_images']:,} test images.")
+    return figure
+
+
+def error_by_k(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean, std and n of the final test error per (method, K); E2E is K = 1 of every method."""
+    stats = runs.groupby(["method", "K"])["final_test_error"].agg(["mean", "std", "count"]).reset_index()
+    return stats.rename(columns={"count": "n"})
+
+
+@styled
+def fig7_error_vs_k(runs: pd.DataFrame, reference: pd.DataFrame) -> Figure:
+    """Final test error vs K per method, mean ± std over seeds; the paper's Table 2 faint behind."""
+    runs, recipe = main_recipe(with_method(runs))
+    stats = error_by_k(runs)
+    e2e = stats[stats["method"] == "e2e"]
+    reference = with_method(reference[(reference["arch"] == runs["arch"].iloc[0])
+                                      & (reference["dataset"] == "cifar10")])
+    figure, axes = new_figure(5.2, 4.2)
+    ax = axes[0, 0]
+    for method, (label, colour, marker, _) in METHODS.items():
+        if method == "e2e":
+            continue
+        ours = pd.concat([e2e, stats[stats["method"] == method]]).sort_values("K")
+        if len(ours) > len(e2e):
+            ax.errorbar(ours["K"], ours["mean"], yerr=ours["std"].fillna(0), color=colour, marker=marker,
+                        ms=5, lw=1.5, capsize=3, label=label)
+        paper = pd.concat([reference[reference["method"] == "e2e"],
+                           reference[reference["method"] == method]]).sort_values("K")
+        if len(paper) > 1:
+            ax.plot(paper["K"], paper["error_mean"], color=colour, marker=marker, ms=4, lw=0.8, ls="--",
+                    alpha=0.35, mfc="none")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 2, 4, 8, 16], ["1\n(E2E)", "2", "4", "8", "16"])
+    ax.set(xlabel="K (number of local modules)", ylabel="test error (%), final epoch")
+    ax.set_ylim(bottom=0)
+    shared_legend(figure, ax, [(Line2D([], [], color="grey", ls="--", lw=0.8, alpha=0.5),
+                                "paper Table 2 (cifar10, mean of 5 seeds)")])
+    first = runs.iloc[0]
+    footer(figure, f"{first['arch']} on {first['dataset']} ({recipe}); "
+           f"{seeds_text(runs, ['method', 'K'])}; error bars: std over seeds.")
+    return figure
+
+
+def save_figure(figure: Figure, stem) -> list[Path]:
+    """Write `stem`.png (150 dpi) and `stem`.pdf; the PDF carries no creation date, so it is
+    byte-stable when rebuilt from the same results."""
+    paths = []
+    for suffix, options in ((".png", {"dpi": 150}), (".pdf", {"metadata": {"CreationDate": None}})):
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format=suffix[1:], **options)
+        path = Path(f"{stem}{suffix}")
+        atomic_write(path, buffer.getvalue())
+        paths.append(path)
+    return paths

@@ -1,0 +1,104 @@
+"""Finished runs as data: their records, their trained networks and the exact data they saw."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from infopro.data import Dataset, load_dataset
+from infopro.errors import DataError, InfoProError
+from infopro.local import LocalNet
+from infopro.records import read_json
+from infopro.train import TrainConfig, build_net
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished run directory: config.json and summary.json (model.pt may be left out)."""
+
+    path: Path
+    record: dict
+    summary: dict
+
+    @property
+    def config(self) -> TrainConfig:
+        return TrainConfig.from_dict(self.record["config"])
+
+    @property
+    def run_id(self) -> str:
+        return self.record["run_id"]
+
+    @property
+    def module_ends(self) -> list[int]:
+        return self.record["resolved"]["module_ends"]
+
+    @property
+    def has_weights(self) -> bool:
+        return (self.path / "model.pt").exists()
+
+    def load_net(self, device="cpu") -> LocalNet:
+        """The trained network in eval mode (BN uses its running statistics)."""
+        if not self.has_weights:
+            raise InfoProError(f"{self.path} has no model.pt (weights are kept for seed 0 only)")
+        net = build_net(self.config)
+        state = torch.load(self.path / "model.pt", map_location="cpu", weights_only=True)
+        net.load_state_dict(state)
+        return net.to(device).eval()
+
+    def load_data(self, data_root=None) -> Dataset:
+        """The run's dataset with its train/test subsets, checked against the recorded fingerprint."""
+        dataset = load_dataset(self.config.dataset, data_root)
+        if dataset.fingerprint != self.record["dataset"]["fingerprint"]:
+            raise DataError(f"{dataset.source} differs from the data {self.run_id} was trained on "
+                            f"(fingerprint {dataset.fingerprint}, recorded {self.record['dataset']['fingerprint']})")
+        config = self.config
+        return Dataset(dataset.name, dataset.train.subset(config.train_subset),
+                       dataset.test.subset(config.test_subset), dataset.fingerprint, dataset.source)
+
+    def row(self) -> dict:
+        """One flat record describing the run, for joining with analysis results."""
+        config, provenance = self.config, self.record["provenance"]
+        return {
+            "run_id": self.run_id, "dataset": config.dataset, "arch": config.arch, "regime": config.regime,
+            "task_loss": config.task_loss or "", "K": config.K, "split": config.split, "seed": config.seed,
+            "recipe": recipe_label(self.record), "epochs": config.epochs,
+            "train_images": self.record["dataset"]["train_size"],
+            "test_images": self.record["dataset"]["test_size"],
+            "run_commit": provenance["git_commit"], "run_device": provenance["device_name"],
+            "precision": config.precision,
+        }
+
+
+def recipe_label(record: dict) -> str:
+    """Human-readable training recipe: what a figure must state about the runs it shows."""
+    config, data = record["config"], record["dataset"]
+    epochs = config["epochs"]
+    return (f"{data['name']}, {data['train_size']:,} train / {data['test_size']:,} test images, "
+            f"{epochs} epoch{'s' if epochs != 1 else ''}, batch {config['batch_size']}")
+
+
+def find_runs(root) -> list[Run]:
+    """Every finished run below `root`, sorted by run id."""
+    runs = []
+    for summary in sorted(Path(root).glob("**/summary.json")):
+        path = summary.parent
+        if (path / "config.json").exists():
+            runs.append(Run(path, read_json(path / "config.json"), read_json(summary)))
+    return sorted(runs, key=lambda run: run.run_id)
+
+
+def select_runs(runs: list[Run], only: list[str] | None) -> list[Run]:
+    """Runs whose id contains one of the `only` substrings (all when `only` is empty)."""
+    if not only:
+        return runs
+    chosen = [run for run in runs if any(part in run.run_id for part in only)]
+    if not chosen:
+        raise InfoProError(f"no finished run matches {', '.join(only)}")
+    return chosen
+
+
+def runs_table(root) -> pd.DataFrame:
+    """One row per finished run: its description and its summary's numbers."""
+    rows = [run.row() | {k: v for k, v in run.summary.items()} for run in find_runs(root)]
+    return pd.DataFrame(rows)

@@ -1,0 +1,120 @@
+"""Figures, tables and notebooks build from results/ alone; missing inputs get one line."""
+
+import shutil
+import subprocess
+
+import nbformat
+import pandas as pd
+import pytest
+from nbclient import NotebookClient
+
+from conftest import REPO, run_cli
+from infopro.figures import TARGETS, build
+from infopro.runs import find_runs
+from infopro.tables import to_latex
+
+RESULTS = REPO / "results"
+
+
+@pytest.fixture(scope="module")
+def results_copy(tmp_path_factory):
+    """The committed results without model weights, so tests never touch the repository."""
+    copy = tmp_path_factory.mktemp("results")
+    shutil.copytree(RESULTS, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    return copy
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_target_builds_from_the_committed_results(target, results_copy):
+    paths = build(target, results_copy)
+    assert paths and all(path.stat().st_size > 0 for path in paths)
+
+
+def test_make_fig8_works_right_after_set_up(tmp_path):
+    shutil.copytree(RESULTS, tmp_path / "results", ignore=shutil.ignore_patterns("*.pt", "logs", "figures"))
+    result = subprocess.run(["make", "fig8", f"RESULTS={tmp_path / 'results'}"], cwd=REPO,
+                                          capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "results" / "figures" / "fig8.png").stat().st_size > 10_000
+
+
+def test_committed_results_are_real_runs_with_provenance():
+    runs = find_runs(RESULTS / "runs")
+    assert runs, "results/runs holds no finished run"
+    for run in runs:
+        provenance = run.record["provenance"]
+        assert provenance["git_commit"] not in ("", "unknown") and provenance["git_dirty"] is False
+        assert run.record["dataset"]["name"] in ("cifar10", "cifar10-jpeg", "synthetic")
+    probes = pd.read_csv(RESULTS / "analysis" / "linear_probe.csv")
+    assert set(probes["run_id"]) <= {run.run_id for run in runs}
+
+
+@pytest.mark.parametrize("notebook", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_notebooks_execute_headless(notebook):
+    book = nbformat.read(notebook, as_version=4)
+    NotebookClient(book, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    outputs = [o for cell in book.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    if notebook.stem.startswith("fig"):
+        assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
+    (tmp_path / "runs").mkdir()
+    for target, maker in (("fig8", "make probes"), ("fig10", "make mutual-info"), ("fig7", "experiments.grid")):
+        result = run_cli("analysis.build", target, "--results", str(tmp_path))
+        assert result.returncode == 2 and maker in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_latex_tables_use_booktabs_and_escape():
+    tex = to_latex(pd.DataFrame({"method": ["a_b"], "error (%)": ["1.00 ± 0.10"]}), "cap", "tab:x")
+    assert r"\toprule" in tex and r"\bottomrule" in tex and r"a\_b" in tex and r"\%" in tex and r"$\pm$" in tex
+
+
+def test_probes_and_mutual_info_run_end_to_end_on_a_run(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS / "reference", results / "reference")
+    trained = run_cli("experiments.train", "--regime", "greedy", "--K", "2", "--dataset", "synthetic",
+                      "--epochs", "1", "--train-subset", "300", "--test-subset", "100", "--batch-size", "50",
+                      "--out", str(results / "runs" / "tiny"))
+    assert trained.returncode == 0, trained.stderr
+
+    def make(*args):
+        result = subprocess.run(["make", *args, f"RESULTS={results}"], cwd=REPO,
+                                              capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    make("probes", "PROBE_ARGS=--layers 1,8,16")
+    make("mutual-info", "MI_ARGS=--layers 1,8,16 --epochs 1")
+    assert "already analysed" in make("probes", "PROBE_ARGS=--layers 1,8,16")
+    probes = pd.read_csv(results / "analysis" / "linear_probe.csv")
+    mi = pd.read_csv(results / "analysis" / "mutual_information.csv")
+    assert list(probes["layer"]) == [1, 8, 16] and probes.loc[probes["layer"] == 8, "module_end"].item()
+    assert list(mi["layer"]) == [1, 8, 16] and mi["ixy_normalised"].between(-1, 1).all()
+    make("fig8", "fig10", "fig7", "table2")
+    assert (results / "figures" / "fig10.pdf").exists() and (results / "tables" / "table2.tex").exists()
+
+
+def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path):
+    from infopro.analysis import analyse_runs
+    from infopro.train import TrainConfig, train
+    train(TrainConfig(regime="e2e", dataset="synthetic", epochs=1, train_subset=64, test_subset=32,
+                      batch_size=32), tmp_path / "runs" / "r", device="cpu", log=lambda line: None)
+    runs, calls = find_runs(tmp_path / "runs"), []
+
+    def fake(run, layers):
+        calls.append(list(layers))
+        return [{"run_id": run.run_id, "setting": 1, "layer": layer, "value": layer} for layer in layers]
+
+    def settings(run):
+        return {"setting": 1}
+
+    csv = tmp_path / "out.csv"
+    analyse_runs(runs, csv, fake, settings, [1, 2], log=lambda line: None)
+    analyse_runs(runs, csv, fake, settings, None, log=lambda line: None)   # all 16: only 3..16 missing
+    analyse_runs(runs, csv, fake, settings, None, log=lambda line: None)   # nothing left
+    assert calls == [[1, 2], list(range(3, 17))]
+    assert sorted(pd.read_csv(csv)["layer"]) == list(range(1, 17))
