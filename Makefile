@@ -3,8 +3,11 @@ PYTHON ?= python
 RESULTS ?= results
 PROBE_ARGS ?=
 MI_ARGS ?=
+BENCH_ARGS ?=
+DATA_ROOT ?=
+DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: setup test fig7 fig8 fig10 figures table2 tables probes mutual-info fixture
+.PHONY: setup test fig7 fig8 fig10 fig_memory figures table2 table3 tables probes mutual-info bench fixture
 
 setup:
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
@@ -12,20 +15,24 @@ setup:
 test:
 	$(PYTHON) -m pytest
 
-fig7 fig8 fig10 table2:
+fig7 fig8 fig10 fig_memory table2 table3:
 	@$(PYTHON) -m analysis.build $@ --results $(RESULTS)
 
-figures: fig7 fig8 fig10
+figures: fig7 fig8 fig10 fig_memory
 
-tables: table2
+tables: table2 table3
 
 # Analyses of every finished run in results/runs (skips runs already in the CSV).
 probes:
-	$(PYTHON) -m analysis.probe --runs $(RESULTS)/runs --out $(RESULTS)/analysis/linear_probe.csv $(PROBE_ARGS)
+	$(PYTHON) -m analysis.probe --runs $(RESULTS)/runs --out $(RESULTS)/analysis/linear_probe.csv $(DATA) $(PROBE_ARGS)
 
 mutual-info:
-	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS)/runs --out $(RESULTS)/analysis/mutual_information.csv $(MI_ARGS)
+	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS)/runs --out $(RESULTS)/analysis/mutual_information.csv $(DATA) $(MI_ARGS)
 
-# The small real fixture committed in results/ (CPU; needs the cifar10-jpeg copy, see README).
+# Memory and speed of every method, each in a fresh process (default: ResNet-110, batch 1024).
+bench:
+	$(PYTHON) -m experiments.bench --out $(RESULTS)/bench $(BENCH_ARGS)
+
+# The small real fixture committed in results/ (CPU; needs the cifar10-jpeg copy in .data/ or DATA_ROOT).
 fixture:
-	$(PYTHON) -m experiments.grid cpu-fixture --device cpu --out $(RESULTS)/runs
+	$(PYTHON) -m experiments.grid cpu-fixture --device cpu --out $(RESULTS)/runs $(DATA)

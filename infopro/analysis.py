@@ -43,7 +43,9 @@ def mutual_info_settings(run: Run, settings=EstimatorSettings(), train_subset=No
 def layer_rows(run: Run, results: list[dict], settings: dict, device: torch.device) -> list[dict]:
     """Rows for one run: run description + layer + module-end flag + settings + provenance."""
     ends = set(run.module_ends)
-    analysis = {"analysis_commit": git_state()["git_commit"], "analysis_device": device_name(device)}
+    git = git_state()
+    analysis = {"analysis_commit": git["git_commit"], "analysis_dirty": git["git_dirty"],
+                "analysis_device": device_name(device)}
     return [run.row() | {"layer": r["layer"], "module_end": r["layer"] in ends} | settings | r | analysis
             for r in results]
 

@@ -19,6 +19,8 @@ HOW_TO_MAKE = {
             "grid; GPU time not yet measured) or `make fixture` (the small CPU fixture, about 3 h on 2 CPU cores)",
     "probes": "make it with `make probes` (linear probes of every finished run; about 1 min per fixture "
               "run on 2 CPU cores, GPU time not yet measured)",
+    "bench": "make it with `make bench` (every method in a fresh process; about an hour for ResNet-110 at "
+             "batch 1024 on 2 CPU cores, GPU time not yet measured)",
     "mutual-info": "make it with `make mutual-info` (decoder and classifier per layer of every finished "
                    "run; about 15 min per fixture run on 2 CPU cores, GPU time not yet measured)",
 }
@@ -45,6 +47,34 @@ def load_mutual_info(results) -> pd.DataFrame:
     return pd.read_csv(require(Path(results) / "analysis" / "mutual_information.csv", "mutual-info"))
 
 
+def load_bench(results) -> pd.DataFrame:
+    """One benchmark table per architecture: CUDA measurements over CPU ones, then the largest batch."""
+    files = [path for path in sorted((Path(results) / "bench").glob("*.csv"))
+             if not path.name.startswith("pipeline-") and not path.stem.endswith("-maxbatch")]
+    if not files:
+        raise InfoProError(f"{Path(results) / 'bench'} holds no benchmark CSV: {HOW_TO_MAKE['bench']}")
+    tables = [pd.read_csv(path).assign(source_file=path.name) for path in files]
+    best = {}
+    for table in tables:
+        first = table.iloc[0]
+        rank = (first["device"] == "cuda", first["batch_size"])
+        if first["arch"] not in best or rank > best[first["arch"]][0]:
+            best[first["arch"]] = (rank, table)
+    return pd.concat([table for _, table in best.values()], ignore_index=True)
+
+
+def table3_bench(results) -> pd.DataFrame:
+    """The benchmark Table 3 is about: ResNet-110 (the paper's) when measured, else the first."""
+    bench = load_bench(results)
+    arch = "resnet110" if "resnet110" in set(bench["arch"]) else bench["arch"].iloc[0]
+    return bench[bench["arch"] == arch]
+
+
+def runs_or_empty(results) -> pd.DataFrame:
+    """Finished runs, or an empty table: memory results stand without test errors."""
+    return runs_table(Path(results) / "runs")
+
+
 def load_reference(results, name: str) -> pd.DataFrame:
     """The paper's values (results/reference/<name>.csv), each row with its source."""
     return pd.read_csv(Path(results) / "reference" / f"{name}.csv", keep_default_na=False, na_values=[""])
@@ -54,9 +84,11 @@ FIGURES = {
     "fig7": lambda r: plots.fig7_error_vs_k(load_runs(r), load_reference(r, "table2")),
     "fig8": lambda r: plots.fig8_linear_probes(load_probes(r), load_reference(r, "analysis_figure")),
     "fig10": lambda r: plots.fig10_mutual_information(load_mutual_info(r)),
+    "fig_memory": lambda r: plots.fig_memory(load_bench(r), runs_or_empty(r)),
 }
 TABLES = {
     "table2": lambda r: tables.table2(load_runs(r), load_reference(r, "table2")),
+    "table3": lambda r: tables.table3(table3_bench(r), runs_or_empty(r), load_reference(r, "table3")),
 }
 TARGETS = (*FIGURES, *TABLES)
 

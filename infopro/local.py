@@ -112,7 +112,11 @@ class GreedyObjective(nn.Module):
 
 
 class InfoProObjective(nn.Module):
-    """λ1 · reconstruction BCE (keeps I(h,x)) + λ2 · task loss (keeps I(h,y))."""
+    """λ1 · reconstruction BCE (keeps I(h,x)) + λ2 · task loss (keeps I(h,y)).
+
+    A term whose weight is 0 is not computed (the paper's code runs it and multiplies by 0):
+    the backbone's gradient is identical, and the step saves that head's time and memory.
+    """
 
     def __init__(self, in_channels: int, size: int, num_classes: int, task_loss: str,
                  lambda1: float, lambda2: float):
@@ -123,11 +127,15 @@ class InfoProObjective(nn.Module):
         self.aux_head = AuxHead(in_channels, size, out)
 
     def forward(self, h, x, y):
-        loss = self.lambda1 * reconstruction_loss(self.decoder(h), x)
-        output = self.aux_head(h)
-        if self.task_loss == "contrast":
-            return loss + self.lambda2 * supervised_contrastive_loss(output, y)
-        return loss + self.lambda2 * F.cross_entropy(output.float(), y)
+        loss = h.new_zeros((), dtype=torch.float32)
+        if self.lambda1:
+            loss = loss + self.lambda1 * reconstruction_loss(self.decoder(h), x)
+        if self.lambda2:
+            output = self.aux_head(h)
+            task = supervised_contrastive_loss(output, y) if self.task_loss == "contrast" \
+                else F.cross_entropy(output.float(), y)
+            loss = loss + self.lambda2 * task
+        return loss
 
     def extra_repr(self) -> str:
         return f"task_loss={self.task_loss}, lambda1={self.lambda1:g}, lambda2={self.lambda2:g}"

@@ -7,13 +7,22 @@ and GPU alike, and it does not depend on the allocator, cuDNN workspaces or frag
 Parameters saved by autograd are not counted: they are resident anyway. A storage saved by
 several operations (a ReLU output that is also the next convolution's input) counts once.
 
+`PeakTensorMemory` is the wider, equally device-independent view the benchmark uses: the
+peak bytes of *all* tensors created inside the enclosed code and alive at once (activations,
+their gradients, temporaries, and the recomputation of gradient checkpointing, which saved-
+tensor hooks cannot see). It is what `max_memory_allocated` measures, minus the allocator's
+rounding and caching and minus what existed before (parameters, optimizer state, data).
+
 On CUDA, `cuda_peak` adds the allocator's view (`max_memory_allocated`/`reserved`).
 """
 
+import weakref
 from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 
 class _Saved:
@@ -76,6 +85,46 @@ class SavedActivations:
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
         return False
+
+
+class PeakTensorMemory(TorchDispatchMode):
+    """Context manager: peak bytes of tensors allocated inside it on `device_type` and alive at once.
+
+    Every operator's outputs are seen through a dispatch mode (backward included); a storage
+    is counted from its first appearance until its last reference dies (a weakref finaliser),
+    so views and in-place results count once.
+    """
+
+    def __init__(self, device_type: str = "cpu"):
+        super().__init__()
+        self.device_type = device_type
+        self.live = {}
+        self.current_bytes = 0
+        self.peak_bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == self.device_type:
+                self._track(tensor.untyped_storage(), inputs)
+        return out
+
+    def _track(self, storage, inputs: set) -> None:
+        """Count a storage the op allocated; views and in-place results share an input's storage
+        (which is either counted already or existed before, like a parameter)."""
+        nbytes = storage.nbytes()
+        key = storage.data_ptr()
+        if nbytes == 0 or key in self.live or key in inputs:
+            return
+        self.live[key] = nbytes
+        self.current_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        weakref.finalize(storage, self._release, key)
+
+    def _release(self, key) -> None:
+        self.current_bytes -= self.live.pop(key, 0)
 
 
 @contextmanager

@@ -242,3 +242,59 @@ def save_figure(figure: Figure, stem) -> list[Path]:
         atomic_write(path, buffer.getvalue())
         paths.append(path)
     return paths
+
+
+FAMILY_STYLE = {  # benchmark family -> (label, colour, marker)
+    "e2e": ("E2E", BLACK, "D"), "checkpoint": ("checkpointing", PURPLE, "P"), "offload": ("offload", SKY, "X"),
+    "greedy": ("Greedy SL", VERMILLION, "o"), "infopro": ("InfoPro", BLUE, "s"),
+    "infopro-balanced": ("InfoPro* (balanced)", GREEN, "^"), "infopro+checkpoint": ("InfoPro + checkpointing", ORANGE, "v"),
+}
+
+
+@styled
+def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame) -> Figure:
+    """Per benchmarked architecture: memory (% of E2E) vs test error, and time vs memory."""
+    from infopro.tables import errors_by_method, memory_column
+
+    archs = list(dict.fromkeys(bench["arch"]))
+    figure, axes = new_figure(8.4, 0.8 + 3.2 * len(archs), len(archs), 2)
+    notes = []
+    for row, arch in enumerate(archs):
+        rows = bench[(bench["arch"] == arch) & (bench["error"].isna() if "error" in bench else True)]
+        column, described = memory_column(rows)
+        errors = errors_by_method(runs, arch, rows["method"])
+        for _, result in rows.iterrows():
+            label, colour, marker = FAMILY_STYLE[result["family"]]
+            memory = 100 * result[f"{column}_vs_e2e"]
+            text = "" if result["K"] == 1 else f"K={result['K']}"
+            if result["method"] in errors:
+                axes[row, 0].scatter(memory, errors[result["method"]][0], color=colour, marker=marker, s=36,
+                                     label=label)
+                axes[row, 0].annotate(text, (memory, errors[result["method"]][0]), fontsize=7,
+                                      xytext=(3, 3), textcoords="offset points")
+            axes[row, 1].scatter(memory, 100 * (result["step_seconds_vs_e2e"] - 1), color=colour, marker=marker,
+                                 s=36, label=label)
+            axes[row, 1].annotate(text, (memory, 100 * (result["step_seconds_vs_e2e"] - 1)), fontsize=7,
+                                  xytext=(3, 3), textcoords="offset points")
+        first = rows.iloc[0]
+        where = f"{arch}, batch {first['batch_size']}, {first['precision']}, {first['device_name']}"
+        axes[row, 0].set(title=f"{where}: error vs memory", xlabel="memory (% of E2E)", ylabel="test error (%)")
+        axes[row, 1].set(title=f"{where}: time vs memory", xlabel="memory (% of E2E)",
+                         ylabel="step time overhead vs E2E (%)")
+        if not errors:
+            axes[row, 0].text(0.5, 0.5, f"no training runs of {arch} yet", transform=axes[row, 0].transAxes,
+                              ha="center", va="center", color="#666666")
+        notes.append(f"{arch}: memory = {described}")
+        if first["device"] == "cpu":
+            notes.append(f"{arch}: times measured on a shared CPU: indicative only")
+    handles, labels = [], []
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    columns = max(1, min(len(labels), int(figure.get_figwidth() / 1.9)))
+    figure.legend(handles, labels, loc="outside upper center", ncols=columns, frameon=False)
+    recipe = "" if runs.empty else f"Test errors: final epoch of our runs ({main_recipe(runs)[1]})."
+    footer(figure, "; ".join(notes) + ".", recipe)
+    return figure

@@ -78,8 +78,15 @@ def git_state() -> dict:
 
 
 def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name (from /proc/cpuinfo where there is one)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
     return platform.processor() or platform.machine() or "cpu"
 
 

@@ -80,3 +80,78 @@ def write_table(table: pd.DataFrame, caption: str, stem) -> list[Path]:
         atomic_write(stem.with_suffix(suffix), text)
         paths.append(stem.with_suffix(suffix))
     return paths
+
+
+TABLE3_METHODS = ("e2e", "checkpoint", "offload", "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4",
+                  "infopro:2", "infopro:4", "infopro:8", "infopro:16", "infopro+checkpoint:2",
+                  "infopro+checkpoint:4", "greedy:2", "greedy:4", "greedy:8", "greedy:16")
+
+
+def method_label(method: str, K: int) -> str:
+    """The benchmark's name of a method: "e2e", "checkpoint", "infopro-balanced:4", ..."""
+    return method if K == 1 else f"{method}:{K}"
+
+
+def run_of_method(method: str) -> tuple[str, int, str]:
+    """The training run whose test error a benchmark method shares: (method key, K, split)."""
+    family, _, k = method.partition(":")
+    K = int(k) if k else 1
+    if family in ("e2e", "checkpoint", "offload"):
+        return "e2e", 1, "paper"
+    if family == "greedy":
+        return "greedy", K, "paper"
+    return "infopro-contrast", K, "balanced" if family == "infopro-balanced" else "paper"
+
+
+def errors_by_method(runs: pd.DataFrame, arch: str, methods) -> dict:
+    """method -> (mean, std, n) of final test error over the main recipe's runs of `arch`."""
+    runs = runs[runs["arch"] == arch] if not runs.empty else runs
+    if runs.empty:
+        return {}
+    runs, _ = main_recipe(with_method(runs))
+    errors = {}
+    for method in methods:
+        key, K, split = run_of_method(method)
+        chosen = runs[(runs["method"] == key) & (runs["K"] == K) & (runs["split"] == split)]["final_test_error"]
+        if len(chosen):
+            errors[method] = (chosen.mean(), chosen.std(), len(chosen))
+    return errors
+
+
+def memory_column(bench: pd.DataFrame) -> tuple[str, str]:
+    """(column, description) of the memory a table or figure shows: CUDA allocated when measured
+    on a GPU, else the exact device-independent peak of the step's tensors."""
+    if bench["peak_allocated_bytes"].notna().any():
+        return "peak_allocated_bytes", "peak max_memory_allocated"
+    return "peak_step_tensor_bytes", "peak bytes of tensors the step allocates (exact, device-independent)"
+
+
+def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Memory, time overhead and test error per method, ours beside the paper's Table 3."""
+    measured = bench[bench["error"].isna()] if "error" in bench else bench
+    measured = measured.set_index("method")
+    order = [m for m in TABLE3_METHODS if m in measured.index]
+    first = measured.loc[order[0]]
+    column, described = memory_column(measured)
+    errors = errors_by_method(runs, first["arch"], order)
+    paper = reference[(reference["arch"] == first["arch"]) & (reference["dataset"] == "cifar10")]
+    paper = {method_label(m, K): row for m, K, (_, row) in zip(paper["method"], paper["K"], paper.iterrows())}
+    rows = []
+    for method in order:
+        ours, ref = measured.loc[method], paper.get(method)
+        mean, std, n = errors.get(method, (float("nan"), float("nan"), 0))
+        rows.append({
+            "method": method,
+            "ours: memory (GiB)": f"{ours[column] / 2**30:.2f}",
+            "ours: vs E2E": f"{100 * (ours[f'{column}_vs_e2e'] - 1):+.1f}%",
+            "ours: time vs E2E": f"{100 * (ours['step_seconds_vs_e2e'] - 1):+.1f}%",
+            "ours: error (%)": mean_std(mean, std), "n": n,
+            "paper: memory (GB)": "–" if ref is None else f"{ref['memory_gb']:.2f}",
+            "paper: time": "–" if ref is None or pd.isna(ref["overhead_wall_pct"]) else f"+{ref['overhead_wall_pct']:.1f}%",
+            "paper: error (%)": "–" if ref is None else mean_std(ref["error_mean"], ref["error_std"]),
+        })
+    caption = (f"Table 3, {first['arch']}, batch {first['batch_size']}, {first['precision']} on {first['device_name']}: "
+               f"ours = {described}; median step time over {first['steps']} steps after {first['warmup']} warm-up "
+               f"step(s), each method in a fresh process; errors from our training runs where they exist. "
+               f"Paper: Titan Xp, 'minimally required' memory (method unpublished), cifar10.")
+    return pd.DataFrame(rows), caption

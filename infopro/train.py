@@ -163,19 +163,27 @@ def prepare_input(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else x
 
 
-def train_step(net: LocalNet, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32"):
+def run_layers(layers, h: torch.Tensor) -> torch.Tensor:
+    """Apply `layers` in order: how a module's backbone segment runs unless told otherwise."""
+    for layer in layers:
+        h = layer(h)
+    return h
+
+
+def train_step(net: LocalNet, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
+               run_segment=run_layers):
     """Forward and backward through the K modules for one batch x in [0, 1]; no optimizer step.
 
-    Returns each module's loss and the number of misclassified samples at the network's
-    head, as device tensors (no host synchronisation).
+    `run_segment(layers, h)` runs one module's backbone layers (the benchmark swaps in
+    gradient checkpointing here). Returns each module's loss and the number of
+    misclassified samples at the network's head, as device tensors (no host synchronisation).
     """
     device = x.device
     h = prepare_input(x, device)
     losses = []
     for k in range(net.K):
         with autocast(device, precision):
-            for layer in net.segment(k):
-                h = layer(h)
+            h = run_segment(net.segment(k), h)
             if k < net.K - 1:
                 loss = net.objectives[k](h, x, y)
             else:

@@ -46,7 +46,8 @@ def test_no_gradient_crosses_a_module_boundary(regime, task):
         module_loss(net, k, x, y).backward()
         for name, p in net.named_parameters():
             if owner[name] == k:
-                assert torch.allclose(p.grad, combined[name], atol=1e-6), name
+                assert (p.grad is None) == (combined[name] is None), name
+                assert p.grad is None or torch.allclose(p.grad, combined[name], atol=1e-6), name
             else:
                 assert p.grad is None, f"module {k}'s loss reached {name} (module {owner[name]})"
 
@@ -72,6 +73,16 @@ def test_every_parameter_gets_a_gradient(regime, K, task):
     assert losses.shape == (K,) and torch.isfinite(losses).all()
     missing = [name for name, p in net.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing
+
+
+def test_terms_with_zero_weight_are_not_computed():
+    x, y = fixed_batch()
+    net = build_net(TrainConfig(regime="infopro", K=4, dataset="synthetic"))  # paper: λ2 = 0, 1, 2
+    train_step(net, x, y)
+    first = net.objectives[0]
+    assert first.lambda2 == 0 and all(p.grad is None for p in first.aux_head.parameters())
+    assert all(p.grad is not None for p in first.decoder.parameters())
+    assert all(p.grad is not None for p in net.backbone.parameters())
 
 
 def test_saved_activation_counter_on_known_graphs():

@@ -1,0 +1,70 @@
+"""The benchmark: its exact memory measure, its method names, its search, and a CPU run of every method."""
+
+import gc
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import run_cli
+from infopro.bench import Method, default_methods, largest_fitting
+from infopro.errors import InfoProError
+from infopro.memory import PeakTensorMemory
+
+
+def test_peak_tensor_memory_counts_allocations_not_views_or_existing_tensors():
+    weight = torch.randn(1000)                  # exists before: never counted
+    with PeakTensorMemory() as memory:
+        a = weight * 2                          # 4000 bytes
+        view = a[:10]                           # a view: nothing new
+        b = a + 1                               # 4000 more: peak 8000
+        a.mul_(3)                               # in place: nothing new
+        transposed = weight.view(10, 100).t()   # view of an existing tensor
+        del a
+        gc.collect()
+        assert memory.current_bytes == 8000     # `view` keeps a's storage alive
+        del view
+        gc.collect()
+        assert memory.current_bytes == 4000
+    assert memory.peak_bytes == 8000 and transposed.shape == (100, 10) and b.numel() == 1000
+
+
+def test_method_names():
+    assert [Method.parse(m).label for m in ("e2e", "infopro:4", "infopro-balanced:3")] == \
+        ["e2e", "infopro:4", "infopro-balanced:3"]
+    for bad, message in (("dgl", "unknown method"), ("infopro", "give K"), ("e2e:2", "takes no K")):
+        with pytest.raises(InfoProError, match=message):
+            Method.parse(bad)
+    assert "infopro-balanced:4" in default_methods("resnet110")
+    assert not any("balanced" in m for m in default_methods("resnet32"))
+
+
+def test_largest_fitting_batch_is_found_within_two_percent():
+    for cap in (31, 32, 100, 5000):
+        found = largest_fitting(lambda batch: batch <= cap)
+        assert found <= cap and (cap < 32 and found == 0 or cap - found <= max(8, cap // 50))
+
+
+def test_quick_cpu_benchmark_runs_every_method_and_orders_memory_as_theory_says(tmp_path):
+    result = run_cli("experiments.bench", "--device", "cpu", "--quick", "--pipeline", "--out", str(tmp_path),
+                     timeout=1200)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(tmp_path / "resnet110-b32-fp32-cpu.csv").set_index("method")
+    assert list(table.index) == default_methods("resnet110")
+    assert "error" not in table or table["error"].isna().all()
+    step = table["peak_step_tensor_bytes_vs_e2e"]
+    assert step["checkpoint"] < 0.6 and step["infopro:16"] < 0.5 and step["greedy:16"] < step["infopro:16"]
+    assert step["infopro-balanced:4"] < step["infopro-balanced:3"] < step["infopro-balanced:2"] < 1
+    assert step["infopro+checkpoint:2"] < step["infopro:2"]
+    assert table.loc["infopro:16", "peak_saved_activation_bytes_vs_e2e"] <= 0.25
+    assert table["git_commit"].notna().all() and (table["device"] == "cpu").all()
+    pipeline = pd.read_csv(tmp_path / "pipeline-resnet32-b32-cpu.csv")
+    assert pipeline.loc[0, "ours_epoch_seconds"] > 0 and pipeline.loc[0, "reference_epoch_seconds"] > 0
+
+
+def test_bench_refuses_bad_input_in_one_line(tmp_path):
+    for args, message in ((["--methods", "infopro"], "give K"),
+                          (["--max-batch", "2", "--methods", "e2e", "--device", "cpu", "--quick"], "needs --device cuda")):
+        result = run_cli("experiments.bench", *args, "--out", str(tmp_path))
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
