@@ -4,10 +4,11 @@ RESULTS ?= results
 PROBE_ARGS ?=
 MI_ARGS ?=
 BENCH_ARGS ?=
+MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: setup test fig7 fig8 fig10 fig_memory figures table2 table3 tables probes mutual-info bench fixture
+.PHONY: setup test fig7 fig8 fig10 fig_memory figures table2 table3 tables probes mutual-info bench bench-module-parallel fixture
 
 setup:
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
@@ -32,6 +33,10 @@ mutual-info:
 # Memory and speed of every method, each in a fresh process (default: ResNet-110, batch 1024).
 bench:
 	$(PYTHON) -m experiments.bench --out $(RESULTS)/bench $(BENCH_ARGS)
+
+# Images/s of module-parallel training (one rank per module) vs the synchronous trainer, K = 2 and 4.
+bench-module-parallel:
+	$(PYTHON) -m experiments.bench_module_parallel --out $(RESULTS)/bench $(MODULE_PARALLEL_ARGS)
 
 # The small real fixture committed in results/ (CPU; needs the cifar10-jpeg copy in .data/ or DATA_ROOT).
 fixture:

@@ -6,7 +6,7 @@
 
 `table2-resnet32` feeds Table 2 and fig7 (13 configurations per seed, the paper's 160-epoch
 recipe; GPU hours, see README). `cpu-fixture` is the small real fixture committed so that the
-figures build on a machine without a GPU (about 1.5 h on 2 CPU cores).
+figures build on a machine without a GPU (2.3 h of training on 2 CPU cores, measured).
 """
 
 from pathlib import Path

@@ -26,9 +26,9 @@ def pair(text: str) -> tuple[float, float]:
     return values[0], values[-1]
 
 
-def parse_args(argv=None):
+def add_training_arguments(p: ArgumentParser) -> None:
+    """The options of one training run (shared with experiments.train_pipeline)."""
     defaults = TrainConfig()
-    p = ArgumentParser(prog="python -m experiments.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default=defaults.arch, choices=ARCHS)
     p.add_argument("--regime", required=True, choices=REGIMES)
     p.add_argument("--K", type=int, default=1, help="number of local modules (1 = end-to-end)")
@@ -56,22 +56,29 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true", help="continue the run in --out after its last epoch")
     p.add_argument("--time-budget", type=float, metavar="MIN",
                    help="stop after the last epoch expected to end within MIN minutes (resumable)")
-    return p.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    config = TrainConfig(
+def config_from(args) -> TrainConfig:
+    return TrainConfig(
         arch=args.arch, regime=args.regime, K=args.K, task_loss=args.task_loss, split=args.split,
         lambda1=args.lambda1, lambda2=args.lambda2, dataset=args.dataset,
         train_subset=args.train_subset, test_subset=args.test_subset, epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, warmup_epochs=args.warmup_epochs, seed=args.seed,
         precision=args.precision)
-    budget = None if args.time_budget is None else 60 * args.time_budget
-    summary = train(config, args.out, device=args.device, data_root=args.data_root,
-                    download=args.download, resume=args.resume, time_budget=budget)
+
+
+def report(summary: dict | None, out) -> None:
     if summary is not None:
-        print(f"final test error {summary['final_test_error']:.2f}% after {summary['epochs']} epochs -> {args.out}")
+        print(f"final test error {summary['final_test_error']:.2f}% after {summary['epochs']} epochs -> {out}")
+
+
+def main(argv=None):
+    p = ArgumentParser(prog="python -m experiments.train", description=__doc__.split("\n\n")[0])
+    add_training_arguments(p)
+    args = p.parse_args(argv)
+    budget = None if args.time_budget is None else 60 * args.time_budget
+    report(train(config_from(args), args.out, device=args.device, data_root=args.data_root,
+                 download=args.download, resume=args.resume, time_budget=budget), args.out)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory, SavedActivations
 from infopro.records import REPO_ROOT, device_name
 from infopro.splits import PAPER_SPLITS
-from infopro.train import TrainConfig, build_net, configure_backends, run_layers, train_step
+from infopro.train import TrainConfig, build_net, configure_backends, place, run_layers, train_step
 
 FAMILIES = ("e2e", "checkpoint", "offload", "greedy", "infopro", "infopro-balanced", "infopro+checkpoint")
 LOCAL_KS = (2, 4, 8, 16)
@@ -142,9 +142,7 @@ def measure(method: Method, arch: str, batch_size: int, precision: str, device: 
     """All measures of one method, in this process (call it in a fresh one)."""
     configure_backends(device)
     config = method.config(arch, batch_size, precision)
-    net = build_net(config).to(device)
-    if device.type == "cuda":
-        net = net.to(memory_format=torch.channels_last)
+    net = place(build_net(config), device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
     generator = torch.Generator(device=device).manual_seed(0)
     images = torch.randint(0, 256, (batch_size, 3, 32, 32), dtype=torch.uint8, device=device, generator=generator)

@@ -16,13 +16,15 @@ from infopro.runs import runs_table
 # How to make each input, and what it cost when we made it (see README, "What each step costs").
 HOW_TO_MAKE = {
     "runs": "train them with `python -m experiments.grid table2-resnet32 --out results/runs` (the paper's "
-            "grid; GPU time not yet measured) or `make fixture` (the small CPU fixture, about 3 h on 2 CPU cores)",
-    "probes": "make it with `make probes` (linear probes of every finished run; about 1 min per fixture "
-              "run on 2 CPU cores, GPU time not yet measured)",
-    "bench": "make it with `make bench` (every method in a fresh process; about an hour for ResNet-110 at "
-             "batch 1024 on 2 CPU cores, GPU time not yet measured)",
-    "mutual-info": "make it with `make mutual-info` (decoder and classifier per layer of every finished "
-                   "run; about 15 min per fixture run on 2 CPU cores, GPU time not yet measured)",
+            "grid; GPU time not yet measured) or `make fixture` (the small CPU fixture: 2.3 h on 2 CPU cores)",
+    "probes": "make it with `make probes` (linear probes of every finished run: 25 s per fixture run on "
+              "2 CPU cores; GPU time not yet measured)",
+    "bench": "make it with `make bench` (every method in a fresh process; on 2 CPU cores a ResNet-110 "
+             "step at batch 1024 takes about 30 s, and the committed CPU run of 8 methods took 22 min; "
+             "GPU time not yet measured)",
+    "mutual-info": "make it with `make mutual-info` (a decoder and a classifier per layer of every finished "
+                   "run; the committed fixture's settings, MI_ARGS='--train-subset 2000 --test-subset 1000 --epochs 10', "
+                   "took about 4 min per run on 2 CPU cores; GPU time not yet measured)",
 }
 
 
@@ -50,7 +52,7 @@ def load_mutual_info(results) -> pd.DataFrame:
 def load_bench(results) -> pd.DataFrame:
     """One benchmark table per architecture: CUDA measurements over CPU ones, then the largest batch."""
     files = [path for path in sorted((Path(results) / "bench").glob("*.csv"))
-             if not path.name.startswith("pipeline-") and not path.stem.endswith("-maxbatch")]
+             if not path.name.startswith(("pipeline-", "module-parallel-")) and not path.stem.endswith("-maxbatch")]
     if not files:
         raise InfoProError(f"{Path(results) / 'bench'} holds no benchmark CSV: {HOW_TO_MAKE['bench']}")
     tables = [pd.read_csv(path).assign(source_file=path.name) for path in files]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from infopro.data import MEAN, STD, Split
-from infopro.train import TrainConfig, build_net, configure_backends, train_epoch
+from infopro.train import TrainConfig, build_net, configure_backends, place, train_epoch
 
 
 class PerSampleImages(Dataset):
@@ -89,9 +89,7 @@ def compare_pipelines(arch: str, images: int, batch_size: int, device: torch.dev
                         shuffle=True, num_workers=workers, pin_memory=False)
     seconds = {}
     for name in ("ours", "reference"):
-        net = build_net(config).to(device)
-        if device.type == "cuda":
-            net = net.to(memory_format=torch.channels_last)
+        net = place(build_net(config), device)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
         if name == "ours":
             resident = data.to(device)

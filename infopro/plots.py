@@ -77,7 +77,7 @@ def footer(figure: Figure, *lines: str) -> None:
     width = int(figure.get_figwidth() * 15)
     text = "\n".join(textwrap.fill(line, width) for line in lines if line)
     rows = text.count("\n") + 1
-    height = 0.11 * rows / figure.get_figheight()
+    height = (0.125 * rows + 0.08) / figure.get_figheight()  # 7-pt lines, plus a gap above them
     figure.get_layout_engine().set(rect=(0, height, 1, 1 - height))
     figure.text(0.01, 0.01, text, fontsize=7, color="#444444", ha="left", va="bottom")
 
@@ -159,7 +159,7 @@ def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
                       "paper, greedy SL (read off)"))
     shared_legend(figure, axes[0, 0], extra)
     first = probes.iloc[0]
-    footer(figure, f"{first['arch']} on {first['dataset']} ({recipe}); {seeds_text(probes, ['method', 'K'])}.",
+    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(probes, ['method', 'K'])}.",
            f"Probe: {first['pool']} pooling, multinomial logistic regression (L2 {first['l2']:g}, L-BFGS) fitted on "
            f"{first['probe_train_images']:,} train images of the frozen network; error on "
            f"{first['probe_test_images']:,} test images.")
@@ -183,7 +183,7 @@ def fig10_mutual_information(mi: pd.DataFrame) -> Figure:
             layer_axis(ax, label)
     shared_legend(figure, axes[0, 0], [MODULE_END])
     first = mi.iloc[0]
-    footer(figure, f"{first['arch']} on {first['dataset']} ({recipe}); {seeds_text(mi, ['method', 'K'])}.",
+    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K'])}.",
            f"Held-out predictive information (infopro/mi.py): I(h,x) from a decoder trained with pixel BCE, "
            f"as a fraction of the entropy a perfect reconstruction removes; I(h,y) from a 1c2f classifier, "
            f"as a fraction of H(y) = ln 10. Adam lr {first['est_lr']:g}, {first['est_epochs']} epochs, "
@@ -216,7 +216,7 @@ def fig7_error_vs_k(runs: pd.DataFrame, reference: pd.DataFrame) -> Figure:
                         ms=5, lw=1.5, capsize=3, label=label)
         paper = pd.concat([reference[reference["method"] == "e2e"],
                            reference[reference["method"] == method]]).sort_values("K")
-        if len(paper) > 1:
+        if len(ours) > len(e2e) and len(paper) > 1:
             ax.plot(paper["K"], paper["error_mean"], color=colour, marker=marker, ms=4, lw=0.8, ls="--",
                     alpha=0.35, mfc="none")
     ax.set_xscale("log", base=2)
@@ -226,8 +226,8 @@ def fig7_error_vs_k(runs: pd.DataFrame, reference: pd.DataFrame) -> Figure:
     shared_legend(figure, ax, [(Line2D([], [], color="grey", ls="--", lw=0.8, alpha=0.5),
                                 "paper Table 2 (cifar10, mean of 5 seeds)")])
     first = runs.iloc[0]
-    footer(figure, f"{first['arch']} on {first['dataset']} ({recipe}); "
-           f"{seeds_text(runs, ['method', 'K'])}; error bars: std over seeds.")
+    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(runs, ['method', 'K'])}; "
+           f"error bars: std over seeds.")
     return figure
 
 
@@ -277,14 +277,14 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame) -> Figure:
             axes[row, 1].annotate(text, (memory, 100 * (result["step_seconds_vs_e2e"] - 1)), fontsize=7,
                                   xytext=(3, 3), textcoords="offset points")
         first = rows.iloc[0]
-        where = f"{arch}, batch {first['batch_size']}, {first['precision']}, {first['device_name']}"
+        where = f"{arch}, batch {first['batch_size']}"
         axes[row, 0].set(title=f"{where}: error vs memory", xlabel="memory (% of E2E)", ylabel="test error (%)")
         axes[row, 1].set(title=f"{where}: time vs memory", xlabel="memory (% of E2E)",
                          ylabel="step time overhead vs E2E (%)")
         if not errors:
             axes[row, 0].text(0.5, 0.5, f"no training runs of {arch} yet", transform=axes[row, 0].transAxes,
                               ha="center", va="center", color="#666666")
-        notes.append(f"{arch}: memory = {described}")
+        notes.append(f"{arch}: {first['precision']} on {first['device_name']}; memory = {described}")
         if first["device"] == "cpu":
             notes.append(f"{arch}: times measured on a shared CPU: indicative only")
     handles, labels = [], []

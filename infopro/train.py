@@ -170,6 +170,28 @@ def run_layers(layers, h: torch.Tensor) -> torch.Tensor:
     return h
 
 
+def module_step(net: LocalNet, k: int, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                precision: str = "fp32", run_segment=run_layers):
+    """Forward and backward of local module k on its (detached) input h; no optimizer step.
+
+    Module k < K-1 is trained by its objective (which may use the augmented input x in [0, 1]),
+    the last module by cross-entropy at the network's head. Returns the module's detached
+    output (the next module's input: no gradient crosses the boundary), its detached loss and,
+    for the last module, the number of misclassified samples (else None). Both trainers, the
+    synchronous one and the module-parallel one, run exactly this.
+    """
+    with autocast(h.device, precision):
+        h = run_segment(net.segment(k), h)
+        if k < net.K - 1:
+            loss = net.objectives[k](h, x, y)
+        else:
+            logits = net.backbone.head(h)
+            loss = F.cross_entropy(logits.float(), y)
+    loss.backward()  # frees module k's graph before module k+1 runs
+    wrong = (logits.argmax(1) != y).sum() if k == net.K - 1 else None
+    return h.detach(), loss.detach(), wrong
+
+
 def train_step(net: LocalNet, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
                run_segment=run_layers):
     """Forward and backward through the K modules for one batch x in [0, 1]; no optimizer step.
@@ -178,21 +200,12 @@ def train_step(net: LocalNet, x: torch.Tensor, y: torch.Tensor, precision: str =
     gradient checkpointing here). Returns each module's loss and the number of
     misclassified samples at the network's head, as device tensors (no host synchronisation).
     """
-    device = x.device
-    h = prepare_input(x, device)
+    h = prepare_input(x, x.device)
     losses = []
     for k in range(net.K):
-        with autocast(device, precision):
-            h = run_segment(net.segment(k), h)
-            if k < net.K - 1:
-                loss = net.objectives[k](h, x, y)
-            else:
-                logits = net.backbone.head(h)
-                loss = F.cross_entropy(logits.float(), y)
-        loss.backward()  # frees module k's graph before module k+1 runs
-        losses.append(loss.detach())
-        h = h.detach()   # the next module sees a leaf: no gradient crosses the boundary
-    return torch.stack(losses), (logits.argmax(1) != y).sum()
+        h, loss, wrong = module_step(net, k, h, x, y, precision, run_segment)
+        losses.append(loss)
+    return torch.stack(losses), wrong
 
 
 @torch.inference_mode()
@@ -265,13 +278,13 @@ class RunDir:
     def finished(self) -> bool:
         return (self.path / "summary.json").exists()
 
-    def save_epoch(self, net, optimizer, epoch: int, metrics: list[dict]) -> None:
+    def save_epoch(self, model_state: dict, optimizer_state: dict, epoch: int, metrics: list[dict]) -> None:
         write_csv(self.path / "metrics.csv", metrics)
-        save_torch(self.path / "checkpoint.pt", {"epoch": epoch, "model": net.state_dict(),
-                                                 "optimizer": optimizer.state_dict(), "metrics": metrics})
+        save_torch(self.path / "checkpoint.pt", {"epoch": epoch, "model": model_state,
+                                                 "optimizer": optimizer_state, "metrics": metrics})
 
-    def finish(self, net, summary: dict) -> None:
-        save_torch(self.path / "model.pt", net.state_dict())
+    def finish(self, model_state: dict, summary: dict) -> None:
+        save_torch(self.path / "model.pt", model_state)
         write_json(self.path / "summary.json", summary)
         (self.path / "checkpoint.pt").unlink(missing_ok=True)
 
@@ -343,6 +356,73 @@ def train_epoch(net, optimizer, train: Split, config: TrainConfig, epoch: int, m
     return loss_sums, wrong
 
 
+def sgd(parameters, config: TrainConfig) -> torch.optim.SGD:
+    """The paper's optimizer: SGD, Nesterov momentum, weight decay on every parameter."""
+    return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, nesterov=True,
+                           weight_decay=config.weight_decay)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def place(net: LocalNet, device: torch.device) -> LocalNet:
+    """Move to `device`; channels-last on CUDA, where cuDNN's convolutions prefer it."""
+    net = net.to(device)
+    return net.to(memory_format=torch.channels_last) if device.type == "cuda" else net
+
+
+@dataclass
+class OpenedRun:
+    """A run directory opened for training, with its data and the checkpoint to resume from."""
+
+    run: "RunDir"
+    train: Split
+    test: Split
+    checkpoint: dict | None
+
+
+def open_run(config: TrainConfig, out, device: torch.device, data_root=None, download: bool = False,
+             resume: bool = False, extra_record: dict | None = None) -> OpenedRun:
+    """Load the data onto `device` and open (or refuse) the run directory `out`."""
+    dataset = load_dataset(config.dataset, data_root, download)
+    train_split = dataset.train.subset(config.train_subset).to(device)
+    test_split = dataset.test.subset(config.test_subset).to(device)
+    record = run_record(config, dataset, train_split, test_split, device) | (extra_record or {})
+    run = RunDir(out, record)
+    return OpenedRun(run, train_split, test_split, run.open(resume))
+
+
+def check_finite(losses: list[float], epoch: int, run: "RunDir") -> None:
+    if not all(math.isfinite(v) for v in losses):
+        kept = f"keeps the checkpoint of epoch {epoch - 1}" if epoch > 1 else "has no checkpoint yet"
+        raise DivergedError(f"non-finite loss in epoch {epoch} (module losses {losses}); {run.path} {kept}")
+
+
+def epoch_row(epoch: int, lr: float, losses: list[float], train_error: float, test_error: float,
+              seconds: float) -> dict:
+    """One line of metrics.csv."""
+    return {"epoch": epoch, "lr": lr, **{f"loss_m{k + 1}": v for k, v in enumerate(losses)},
+            "train_error": train_error, "test_error": test_error, "epoch_seconds": seconds}
+
+
+class EpochBudget:
+    """When to stop a call early: after epoch `stop_after_epoch`, or before overrunning `seconds`."""
+
+    def __init__(self, stop_after_epoch: int | None = None, seconds: float | None = None):
+        self.stop_after_epoch = stop_after_epoch
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+
+    def stop_after(self, epoch: int, epochs: int, epoch_seconds: float) -> bool:
+        """True if the call should end after `epoch`, judging the next epoch by this one's length."""
+        if epoch >= epochs:
+            return False
+        if self.stop_after_epoch is not None and epoch >= self.stop_after_epoch:
+            return True
+        return self.deadline is not None and time.monotonic() + epoch_seconds > self.deadline
+
+
 def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, download: bool = False,
           resume: bool = False, stop_after_epoch: int | None = None, time_budget: float | None = None,
           log=print) -> dict | None:
@@ -352,34 +432,27 @@ def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, dow
     epoch; `time_budget` (seconds) ends it after the last epoch that is expected to finish
     within the budget, judged by the duration of the epoch before.
     """
-    deadline = None if time_budget is None else time.monotonic() + time_budget
+    budget = EpochBudget(stop_after_epoch, time_budget)
     device = resolve_device(device)
     configure_backends(device)
-    dataset = load_dataset(config.dataset, data_root, download)
-    train_split = dataset.train.subset(config.train_subset).to(device)
-    test_split = dataset.test.subset(config.test_subset).to(device)
-    net = build_net(config).to(device)
-    if device.type == "cuda":
-        net = net.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum,
-                                nesterov=True, weight_decay=config.weight_decay)
-    run = RunDir(out, run_record(config, dataset, train_split, test_split, device))
-    checkpoint = run.open(resume)
+    opened = open_run(config, out, device, data_root, download, resume)
+    run, train_split, test_split = opened.run, opened.train, opened.test
     if run.finished:
         log(f"{run.path}: already complete ({config.epochs} epochs)")
         return read_json(run.path / "summary.json")
+    net = place(build_net(config), device)
+    optimizer = sgd(net.parameters(), config)
     metrics, start = [], 1
-    if checkpoint is not None:
-        net.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        metrics, start = checkpoint["metrics"], checkpoint["epoch"] + 1
-        log(f"resuming {run.path} after epoch {checkpoint['epoch']}")
+    if opened.checkpoint is not None:
+        net.load_state_dict(opened.checkpoint["model"])
+        optimizer.load_state_dict(opened.checkpoint["optimizer"])
+        metrics, start = opened.checkpoint["metrics"], opened.checkpoint["epoch"] + 1
+        log(f"resuming {run.path} after epoch {opened.checkpoint['epoch']}")
 
     measured, memory = {}, {}
     for epoch in range(start, config.epochs + 1):
         lr = learning_rate(config, epoch)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(optimizer, lr)
         began = time.perf_counter()
         # CUDA peaks are taken after the first epoch of this call (cuDNN autotuning, warm-up).
         with cuda_peak(device, memory if epoch > start or epoch == config.epochs else {}):
@@ -387,24 +460,18 @@ def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, dow
                                            measured if epoch == start else None)
             losses = (loss_sums / len(train_split)).tolist()
         seconds = time.perf_counter() - began
-        if not all(math.isfinite(v) for v in losses):
-            kept = f"keeps the checkpoint of epoch {epoch - 1}" if epoch > 1 else "has no checkpoint yet"
-            raise DivergedError(f"non-finite loss in epoch {epoch} (module losses {losses}); "
-                                f"{run.path} {kept}")
-        row = {"epoch": epoch, "lr": lr, **{f"loss_m{k + 1}": v for k, v in enumerate(losses)},
-               "train_error": 100.0 * wrong.item() / len(train_split),
-               "test_error": evaluate(net, test_split, config.precision), "epoch_seconds": seconds}
+        check_finite(losses, epoch, run)
+        row = epoch_row(epoch, lr, losses, 100.0 * wrong.item() / len(train_split),
+                        evaluate(net, test_split, config.precision), seconds)
         metrics.append(row)
-        run.save_epoch(net, optimizer, epoch, metrics)
+        run.save_epoch(net.state_dict(), optimizer.state_dict(), epoch, metrics)
         log(epoch_line(row, config.epochs, len(train_split)))
-        next_epoch_end = time.monotonic() + time.perf_counter() - began
-        if epoch < config.epochs and ((stop_after_epoch is not None and epoch >= stop_after_epoch)
-                                      or (deadline is not None and next_epoch_end > deadline)):
+        if budget.stop_after(epoch, config.epochs, time.perf_counter() - began):
             log(f"stopped after epoch {epoch}/{config.epochs}; continue with --resume")
             return None
 
     summary = summarise(metrics, len(train_split), measured, memory, train_split.nbytes + test_split.nbytes)
-    run.finish(net, summary)
+    run.finish(net.state_dict(), summary)
     return summary
 
 

@@ -1,0 +1,59 @@
+"""Throughput of module-parallel training against the synchronous trainer, and what K devices would give.
+
+    python -m experiments.bench_module_parallel                         # K = 2, 4; CPU-sized, gloo
+    python -m experiments.bench_module_parallel --device cuda --batch-size 1024 --train-subset 50000
+
+For each K: images/s of the last of two epochs of the synchronous trainer and of the pipeline
+(one rank per module) at each --staleness, same config and device, in one invocation; beside
+them the measured compute time of each module's step and the ideal pipeline speed-up on K
+devices it implies (sum over modules / slowest module). Ranks sharing one CPU or one GPU
+compete for it, so the measured ratio is a floor, not what K devices give; the model is.
+Writes results/bench/module-parallel-<arch>-<regime>-b<batch>-<device>.csv with provenance.
+"""
+
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from infopro.bench import device_slug
+from infopro.cli import ArgumentParser, run
+from infopro.data import DATASETS
+from infopro.local import REGIMES
+from infopro.models import ARCHS
+from infopro.module_parallel import compare_throughput
+from infopro.records import provenance, write_csv
+from infopro.train import TrainConfig, resolve_device
+
+
+def main(argv=None):
+    p = ArgumentParser(prog="python -m experiments.bench_module_parallel", description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default="resnet32", choices=ARCHS)
+    p.add_argument("--regime", default="infopro", choices=REGIMES[1:])
+    p.add_argument("--K", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--staleness", type=int, nargs="+", default=[0, 2], help="max staleness values to time")
+    p.add_argument("--dataset", default="synthetic", choices=DATASETS)
+    p.add_argument("--data-root")
+    p.add_argument("--train-subset", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--out", default="results/bench")
+    args = p.parse_args(argv)
+    device = resolve_device(args.device)
+    rows = []
+    for K in args.K:
+        config = TrainConfig(arch=args.arch, regime=args.regime, K=K, dataset=args.dataset,
+                             train_subset=args.train_subset, test_subset=1000, epochs=2,
+                             batch_size=args.batch_size, warmup_epochs=1)
+        with tempfile.TemporaryDirectory() as folder:
+            rows += compare_throughput(config, args.staleness, folder, device)
+    context = {"arch": args.arch, "dataset": args.dataset, "train_images": args.train_subset,
+               "batch_size": args.batch_size} | provenance(device)
+    path = Path(args.out) / f"module-parallel-{args.arch}-{args.regime}-b{args.batch_size}-{device_slug(device)}.csv"
+    write_csv(path, [row | context for row in rows])
+    print(pd.DataFrame(rows).to_string(index=False))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    run(main)

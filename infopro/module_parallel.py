@@ -1,0 +1,552 @@
+"""Module-parallel local learning over torch.distributed: one rank per local module.
+
+Module k needs nothing from module k+1 (no gradient crosses a module boundary), so rank k
+can train module k on batch t while rank k+1 trains module k+1 on batch t-1: a pipeline,
+the paper's asynchronous InfoPro (Asy-InfoPro, facts §6), which its authors never released.
+
+Rank k owns module k's backbone layers, its objective (on the last rank: the head) and an
+SGD optimizer over exactly those parameters. Rank 0 holds the data and draws every batch as
+the synchronous trainer does; rank k > 0 receives from rank k-1 the detached activations,
+the labels and, where a later objective reconstructs it, the augmented input; it trains its
+module with `infopro.train.module_step` and sends its detached output on. Transport is
+torch.distributed point-to-point: gloo on CPU and for ranks sharing a GPU (staged through
+host memory), NCCL when every rank has a GPU of its own.
+
+Why this is exactly the synchronous computation, at any staleness: rank k-1 produces batch
+t's activations with its weights after t-1 updates, as the synchronous trainer's module k-1
+does at step t, and module k's update depends only on those and on its own state. Staleness
+changes when each module computes, never what. Hence one run-directory format: checkpoints
+hold the whole network's state dict and one optimizer state in the synchronous trainer's
+layout, and either trainer resumes the other's run.
+
+Flow control: with `max_staleness` S, rank k starts batch t only once rank k+1 has finished
+batch t-1-S (S = 0: no rank runs ahead of its successor; S > 0: modules overlap in time, at
+most S+1 batches in flight per link). The largest lead observed is recorded per epoch. Each
+epoch ends with one collective: the module states, optimizer states and statistics are
+gathered on rank 0, which evaluates the whole network, writes the run directory and
+broadcasts whether to go on, so every rank stops at the same point, on errors too.
+"""
+
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from infopro.data import augmented_batch, shuffled_batches
+from infopro.errors import InfoProError
+from infopro.local import InfoProObjective, LocalNet
+from infopro.records import read_json
+from infopro.train import (EpochBudget, TrainConfig, autocast, build_net, check_finite, configure_backends,
+                           epoch_generator, epoch_line, epoch_row, evaluate, learning_rate, module_step, open_run,
+                           place, prepare_input, run_layers, set_learning_rate, sgd, summarise, train)
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place in the pipeline: its rank (= its local module) and device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def first(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def last(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    @property
+    def transport_device(self) -> torch.device:
+        """Where tensors travel: gloo moves host tensors only, NCCL device tensors."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+
+def choose_backend(device: torch.device, world_size: int) -> str:
+    """NCCL when every rank has a GPU of its own; gloo on CPU and when ranks share a GPU."""
+    if device.type == "cuda" and world_size <= torch.cuda.device_count():
+        return "nccl"
+    return "gloo"
+
+
+def rank_device(device: torch.device, local_rank: int) -> torch.device:
+    """Ranks are spread over the visible GPUs round-robin (several may share one)."""
+    if device.type == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return device
+
+
+# ----- which parameters, buffers and inputs belong to which module
+
+def module_parameters(net: LocalNet, k: int) -> list[int]:
+    """Indices, in `net.parameters()` order, of the parameters local module k owns."""
+    owner = net.module_of_parameter()
+    return [i for i, (name, _) in enumerate(net.named_parameters()) if owner[name] == k]
+
+
+def module_state_keys(net: LocalNet, k: int) -> list[str]:
+    """State-dict keys (parameters and BN buffers) of local module k."""
+    prefixes = [f"backbone.layers.{i}." for i in range(net.bounds[k], net.bounds[k + 1])]
+    prefixes.append(f"objectives.{k}." if k < net.K - 1 else "backbone.head.")
+    return [key for key in net.state_dict() if key.startswith(tuple(prefixes))]
+
+
+def merge_optimizer_states(states: list[dict], owned: list[list[int]]) -> dict:
+    """K per-module SGD state dicts -> the state dict of one SGD over all parameters.
+
+    `owned[k][j]` is the global index of module k's j-th parameter. The result is what the
+    synchronous trainer's optimizer holds, so that trainer can resume a module-parallel run.
+    """
+    merged = {}
+    for state, indices in zip(states, owned):
+        merged |= {indices[j]: value for j, value in state["state"].items()}
+    group = dict(states[0]["param_groups"][0])
+    group["params"] = sorted(i for indices in owned for i in indices)
+    return {"state": merged, "param_groups": [group]}
+
+
+def module_optimizer_state(state: dict, indices: list[int]) -> dict:
+    """The part of a whole-network SGD state dict that one module's optimizer holds."""
+    local = {j: state["state"][i] for j, i in enumerate(indices) if i in state["state"]}
+    group = dict(state["param_groups"][0])
+    group["params"] = list(range(len(indices)))
+    return {"state": local, "param_groups": [group]}
+
+
+def reconstructs_input(net: LocalNet, k: int) -> bool:
+    """Whether module k's objective reconstructs the augmented input x (InfoPro, λ1 > 0)."""
+    return k < net.K - 1 and isinstance(net.objectives[k], InfoProObjective) and net.objectives[k].lambda1 > 0
+
+
+@torch.no_grad()
+def boundary_dtypes(net: LocalNet, precision: str, device: torch.device) -> list[torch.dtype]:
+    """dtype of each module's output under `precision` (bf16 autocast may change it).
+
+    h travels in its own dtype, which keeps the pipeline the synchronous computation bit for bit.
+    """
+    was_training = net.training
+    net.eval()
+    h = prepare_input(torch.zeros(2, 3, 32, 32, device=device), device)
+    dtypes = []
+    for k in range(net.K - 1):
+        with autocast(device, precision):
+            h = run_layers(net.segment(k), h)
+        dtypes.append(h.dtype)
+    net.train(was_training)
+    return dtypes
+
+
+def batch_sizes(n: int, batch_size: int) -> list[int]:
+    """Sizes of one epoch's batches (as `shuffled_batches` cuts them), known to every rank."""
+    return [min(batch_size, n - start) for start in range(0, n, batch_size)]
+
+
+def to_cpu(obj):
+    """Tensors in nested dicts and lists moved to host memory, for gathering on rank 0."""
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {key: to_cpu(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [to_cpu(value) for value in obj]
+    return obj
+
+
+# ----- the two ends of a link between rank k and rank k+1
+
+class Upstream:
+    """Rank k's end of the link from rank k-1: receives batches, acknowledges finished ones."""
+
+    def __init__(self, me: Rank, shape: tuple[int, ...], dtype: torch.dtype, with_input: bool):
+        self.me, self.shape, self.dtype, self.with_input = me, shape, dtype, with_input
+        self.pending = []
+
+    def _recv(self, shape, dtype) -> torch.Tensor:
+        buffer = torch.empty(shape, dtype=dtype, device=self.me.transport_device)
+        dist.recv(buffer, src=self.me.rank - 1)
+        return buffer.to(self.me.device)
+
+    def receive(self, size: int):
+        """(h, x or None, y) of the next batch of `size` samples."""
+        h = self._recv((size, *self.shape), self.dtype)
+        if self.me.device.type == "cuda" and self.dtype.is_floating_point:
+            h = h.contiguous(memory_format=torch.channels_last)
+        x = self._recv((size, 3, 32, 32), torch.float32) if self.with_input else None
+        return h, x, self._recv((size,), torch.int64)
+
+    def acknowledge(self) -> None:
+        """Tell rank k-1 that module k has finished one more batch (its credit for staleness)."""
+        self.pending.append(dist.isend(torch.ones(1, device=self.me.transport_device), dst=self.me.rank - 1))
+
+    def close(self) -> None:
+        for work in self.pending:
+            work.wait()
+        self.pending.clear()
+
+
+class Downstream:
+    """Rank k's end of the link to rank k+1: sends batches within the staleness bound."""
+
+    def __init__(self, me: Rank, max_staleness: int, with_input: bool):
+        self.me, self.max_staleness, self.with_input = me, max_staleness, with_input
+        self.in_flight = deque()   # send handles (and their tensors) of unacknowledged batches
+        self.finished = 0          # batches rank k+1 has acknowledged this epoch
+
+    def _await_acknowledgement(self) -> None:
+        dist.recv(torch.empty(1, device=self.me.transport_device), src=self.me.rank + 1)
+        for work in self.in_flight.popleft():
+            work.wait()
+        self.finished += 1
+
+    def wait_for_credit(self, t: int) -> int:
+        """Block until batch t may start; return the lead then (batches rank k+1 has not finished)."""
+        while t - self.finished > self.max_staleness:
+            self._await_acknowledgement()
+        return t - self.finished
+
+    def send(self, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+        tensors = [h, x, y] if self.with_input else [h, y]
+        staged = [t.to(self.me.transport_device).contiguous() for t in tensors]
+        self.in_flight.append([dist.isend(t, dst=self.me.rank + 1) for t in staged])
+
+    def close(self, batches: int) -> None:
+        """End of epoch: wait until rank k+1 has finished every batch sent."""
+        while self.finished < batches:
+            self._await_acknowledgement()
+        self.finished = 0
+
+
+# ----- training
+
+@dataclass
+class EpochStats:
+    """What one rank reports at the end of an epoch."""
+
+    loss_sum: float
+    wrong: int | None
+    max_lead: int
+    busy_seconds: float
+
+
+def train_module_epoch(net: LocalNet, optimizer, me: Rank, upstream: Upstream | None,
+                       downstream: Downstream | None, sizes: list[int], config: TrainConfig, epoch: int,
+                       train=None) -> EpochStats:
+    """Rank k's share of one epoch: module k on every batch, in the synchronous trainer's order."""
+    k = me.rank
+    if me.first:
+        generator = epoch_generator(config.seed, epoch, me.device)
+        batches = shuffled_batches(len(train), config.batch_size, generator)
+    loss_sum = torch.zeros((), device=me.device)
+    wrong = torch.zeros((), dtype=torch.long, device=me.device)
+    max_lead, busy = 0, 0.0
+    for t, size in enumerate(sizes):
+        if downstream is not None:
+            max_lead = max(max_lead, downstream.wait_for_credit(t))
+        if me.first:
+            x = augmented_batch(train.images[batches[t]], generator)
+            y = train.labels[batches[t]]
+            h = prepare_input(x, me.device)
+        else:
+            h, x, y = upstream.receive(size)
+        began = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        h, loss, batch_wrong = module_step(net, k, h, x, y, config.precision)
+        optimizer.step()
+        if me.device.type == "cuda":
+            torch.cuda.synchronize(me.device)
+        busy += time.perf_counter() - began
+        loss_sum += loss.float() * size
+        if me.last:
+            wrong += batch_wrong
+        if upstream is not None:
+            upstream.acknowledge()
+        if downstream is not None:
+            downstream.send(h, x, y)
+    if downstream is not None:
+        downstream.close(len(sizes))
+    if upstream is not None:
+        upstream.close()
+    return EpochStats(loss_sum.item(), wrong.item() if me.last else None, max_lead, busy)
+
+
+def ideal_speedup(busy_seconds: list[float]) -> float:
+    """Speed-up of a K-device pipeline over one device running the K modules in turn.
+
+    One device needs the sum of the modules' compute times per batch; a full pipeline on K
+    devices is paced by the slowest module (communication ignored).
+    """
+    return sum(busy_seconds) / max(busy_seconds)
+
+
+def broadcast(obj, me: Rank):
+    """`obj` from rank 0 to every rank (a Python object, pickled)."""
+    box = [obj if me.first else None]
+    dist.broadcast_object_list(box, src=0, device=me.transport_device)
+    return box[0]
+
+
+def gather(obj, me: Rank) -> list | None:
+    """Every rank's `obj` as a list on rank 0 (None elsewhere)."""
+    gathered = [None] * me.world_size if me.first else None
+    dist.gather_object(obj, gathered, dst=0)
+    return gathered
+
+
+def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, data_root=None,
+               download: bool = False, resume: bool = False, stop_after_epoch: int | None = None,
+               time_budget: float | None = None, log=print) -> dict | None:
+    """One rank's whole run; rank 0 returns the summary (None if stopped early), others None.
+
+    Rank 0 opens the run directory; an error there (or a non-finite loss later) is broadcast,
+    so every rank leaves at the same point instead of waiting for a dead peer.
+    """
+    if config.K != me.world_size:
+        raise InfoProError(f"K = {config.K} local modules need {config.K} ranks; got {me.world_size} "
+                           f"(torchrun --nproc_per_node {config.K}, or --ranks {config.K})")
+    configure_backends(me.device)
+    budget = EpochBudget(stop_after_epoch, time_budget)
+    net = place(build_net(config), me.device)
+    owned = [module_parameters(net, k) for k in range(net.K)]
+    parameters = list(net.parameters())
+    optimizer = sgd([parameters[i] for i in owned[me.rank]], config)
+
+    start = rank_zero_start(config, out, me, max_staleness, data_root, download, resume)
+    opened, begin = start if me.first else (None, None)
+    begin = broadcast(begin, me)
+    if "error" in begin:
+        if me.first:
+            raise InfoProError(begin["error"])
+        return None
+    if begin.get("finished"):
+        if me.first:
+            log(f"{opened.run.path}: already complete ({config.epochs} epochs)")
+            return read_json(opened.run.path / "summary.json")
+        return None
+    metrics, first_epoch = [], 1
+    if begin["checkpoint"] is not None:
+        net.load_state_dict(begin["checkpoint"]["model"])
+        optimizer.load_state_dict(module_optimizer_state(begin["checkpoint"]["optimizer"], owned[me.rank]))
+        metrics, first_epoch = begin["checkpoint"]["metrics"], begin["checkpoint"]["epoch"] + 1
+        if me.first:
+            log(f"resuming {opened.run.path} after epoch {begin['checkpoint']['epoch']}")
+
+    dtypes = boundary_dtypes(net, config.precision, me.device)
+    ends = net.bounds
+    upstream = None if me.first else Upstream(
+        me, net.backbone.layer_shape(ends[me.rank]), dtypes[me.rank - 1],
+        any(reconstructs_input(net, j) for j in range(me.rank, net.K)))
+    downstream = None if me.last else Downstream(
+        me, max_staleness, any(reconstructs_input(net, j) for j in range(me.rank + 1, net.K)))
+    sizes = batch_sizes(begin["train_size"], config.batch_size)
+    keys = module_state_keys(net, me.rank)
+
+    for epoch in range(first_epoch, config.epochs + 1):
+        lr = learning_rate(config, epoch)
+        set_learning_rate(optimizer, lr)
+        dist.barrier()
+        began = time.perf_counter()
+        stats = train_module_epoch(net, optimizer, me, upstream, downstream, sizes, config, epoch,
+                                   opened.train if me.first else None)
+        state = net.state_dict()
+        reports = gather({"stats": stats, "state": to_cpu({key: state[key] for key in keys}),
+                          "optimizer": to_cpu(optimizer.state_dict())}, me)
+        losses, decision = None, None
+        if me.first:
+            losses = [report["stats"].loss_sum / len(opened.train) for report in reports]
+            decision = "diverged" if not all(map(math.isfinite, losses)) else end_epoch(
+                net, reports, owned, opened, metrics, config, epoch, lr, time.perf_counter() - began,
+                max_staleness, budget, log)
+        decision = broadcast(decision, me)
+        if decision != "continue":
+            break
+    if not me.first:
+        return None
+    check_finite(losses, epoch, opened.run)
+    if decision == "stop":
+        log(f"stopped after epoch {epoch}/{config.epochs}; continue with --resume")
+        return None
+    summary = summarise(metrics, len(opened.train), {}, {}, opened.train.nbytes + opened.test.nbytes)
+    summary["module_parallel"] = module_parallel_record(me, max_staleness) | {
+        "ideal_speedup": ideal_speedup([sum(row[f"busy_seconds_m{k + 1}"] for row in metrics)
+                                        for k in range(net.K)]),
+        "max_lead": max(row["max_lead"] for row in metrics)}
+    opened.run.finish(net.state_dict(), summary)
+    return summary
+
+
+def module_parallel_record(me: Rank, max_staleness: int) -> dict:
+    return {"ranks": me.world_size, "max_staleness": max_staleness, "backend": me.backend}
+
+
+def rank_zero_start(config, out, me: Rank, max_staleness, data_root, download, resume):
+    """Rank 0: data and run directory; returns (opened run, what every rank must know)."""
+    if not me.first:
+        return None
+    try:
+        opened = open_run(config, out, me.device, data_root, download, resume,
+                          {"module_parallel": module_parallel_record(me, max_staleness)})
+    except InfoProError as error:
+        return None, {"error": str(error)}
+    checkpoint = None if opened.run.finished else opened.checkpoint
+    return opened, {"finished": opened.run.finished, "checkpoint": checkpoint, "train_size": len(opened.train)}
+
+
+def end_epoch(net, reports, owned, opened, metrics, config, epoch, lr, seconds, max_staleness, budget, log) -> str:
+    """Rank 0 after an epoch: assemble the network, evaluate, record; say what comes next."""
+    state = {}
+    for report in reports:
+        state |= report["state"]
+    net.load_state_dict(state)
+    stats = [report["stats"] for report in reports]
+    n = len(opened.train)
+    losses = [s.loss_sum / n for s in stats]
+    row = epoch_row(epoch, lr, losses, 100.0 * stats[-1].wrong / n, evaluate(net, opened.test, config.precision),
+                    seconds)
+    row |= {"max_staleness": max_staleness, "max_lead": max(s.max_lead for s in stats)}
+    row |= {f"busy_seconds_m{k + 1}": s.busy_seconds for k, s in enumerate(stats)}
+    metrics.append(row)
+    optimizer_state = merge_optimizer_states([report["optimizer"] for report in reports], owned)
+    opened.run.save_epoch(net.state_dict(), optimizer_state, epoch, metrics)
+    log(epoch_line(row, config.epochs, n) + f"  lead ≤ {row['max_lead']}")
+    if epoch == config.epochs:
+        return "done"
+    return "stop" if budget.stop_after(epoch, config.epochs, seconds) else "continue"
+
+
+# ----- processes: under torchrun, or spawned here
+
+def init_rank(rank: int, world_size: int, local_rank: int, device: torch.device, init_method: str) -> Rank:
+    device = rank_device(device, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = choose_backend(device, world_size)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+    return Rank(rank, world_size, device, backend)
+
+
+def under_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def run_as_torchrun_rank(job, device: torch.device) -> None:
+    """This process is one of torchrun's ranks: join the group from its environment, run `job`."""
+    me = init_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)),
+                   device, "env://")
+    try:
+        job(me)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawned_rank(rank: int, world_size: int, init_method: str, device: torch.device, threads: int, job) -> None:
+    """Body of a spawned rank: one line and the error's exit code on a user error, never a traceback."""
+    torch.set_num_threads(threads)
+    me = init_rank(rank, world_size, rank, device, init_method)
+    try:
+        job(me)
+    except InfoProError as error:
+        print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_ranks(job, world_size: int, device: torch.device) -> None:
+    """Run `job(rank)` in `world_size` fresh processes; the first one to fail stops them all."""
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # our one line says it
+    # The ranks share this process's CPU threads instead of each starting one per core.
+    threads = max(1, torch.get_num_threads() // world_size)
+    with tempfile.TemporaryDirectory(prefix="infopro-ranks-") as folder:
+        store = f"file://{Path(folder) / 'store'}"
+        context = mp.start_processes(_spawned_rank, args=(world_size, store, device, threads, job),
+                                     nprocs=world_size, join=False, start_method="spawn")
+        try:
+            while not context.join():
+                pass
+        except mp.ProcessExitedException as failure:
+            how = f"was killed by {failure.signal_name}" if failure.signal_name else f"exited with code {failure.exit_code}"
+            error = InfoProError(f"rank {failure.error_index} {how}, so every rank was stopped; "
+                                 f"finished epochs are kept (continue with --resume)")
+            error.exit_code = failure.exit_code if failure.exit_code and failure.exit_code > 0 else 1
+            raise error from None
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.terminate()
+
+
+# ----- what a pipeline buys: measured throughput beside the ideal speed-up
+
+def module_seconds(config: TrainConfig, device: torch.device, steps: int = 5) -> list[float]:
+    """Median compute time of each module's step (forward, backward, SGD) on one device, one process.
+
+    The inputs of the ideal-speed-up model: a pipeline on K devices is paced by the slowest.
+    """
+    configure_backends(device)
+    net = place(build_net(config), device)
+    owned = [module_parameters(net, k) for k in range(net.K)]
+    parameters = list(net.parameters())
+    optimizers = [sgd([parameters[i] for i in indices], config) for indices in owned]
+    generator = torch.Generator(device=device).manual_seed(0)
+    x = torch.rand(config.batch_size, 3, 32, 32, device=device, generator=generator)
+    y = torch.randint(0, 10, (config.batch_size,), device=device, generator=generator)
+    times = [[] for _ in range(net.K)]
+    for step in range(steps + 1):  # the first step warms up
+        h = prepare_input(x, device)
+        for k, optimizer in enumerate(optimizers):
+            began = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            h, _, _ = module_step(net, k, h, x, y, config.precision)
+            optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if step:
+                times[k].append(time.perf_counter() - began)
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
+def last_epoch_images_per_second(run) -> float:
+    metrics = pd.read_csv(Path(run) / "metrics.csv")
+    images = read_json(Path(run) / "config.json")["dataset"]["train_size"]
+    return images / metrics["epoch_seconds"].iloc[-1]
+
+
+def compare_throughput(config: TrainConfig, staleness: list[int], folder, device: torch.device) -> list[dict]:
+    """Images/s of the last epoch: synchronous trainer, then the pipeline at each staleness.
+
+    Same config, data and device, one invocation; the ideal K-device speed-up from the
+    measured per-module times is written beside every row.
+    """
+    folder = Path(folder)
+    seconds = module_seconds(config, device)
+    model = {"module_ms": ";".join(f"{1000 * s:.2f}" for s in seconds), "ideal_speedup": ideal_speedup(seconds)}
+    train(config, folder / "synchronous", device=device.type, log=lambda line: None)
+    synchronous = last_epoch_images_per_second(folder / "synchronous")
+    rows = [{"trainer": "synchronous", "ranks": 1, "max_staleness": None, "images_per_second": synchronous,
+             "speedup": 1.0}]
+    for s in staleness:
+        run = folder / f"pipeline-S{s}"
+        spawn_ranks(partial(train_rank_quietly, config=config, out=run, max_staleness=s), config.K, device)
+        speed = last_epoch_images_per_second(run)
+        rows.append({"trainer": "module-parallel", "ranks": config.K, "max_staleness": s, "images_per_second": speed,
+                     "speedup": speed / synchronous})
+    return [{"K": config.K, "regime": config.regime} | row | model for row in rows]
+
+
+def train_rank_quietly(me: Rank, config: TrainConfig, out, max_staleness: int) -> None:
+    train_rank(config, out, me, max_staleness=max_staleness, log=lambda line: None)
