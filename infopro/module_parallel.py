@@ -315,7 +315,7 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
     """
     if config.K != me.world_size:
         raise InfoProError(f"K = {config.K} local modules need {config.K} ranks; got {me.world_size} "
-                           f"(torchrun --nproc_per_node {config.K}, or --ranks {config.K})")
+                           f"(torchrun --nproc_per_node {config.K})")
     configure_backends(me.device)
     budget = EpochBudget(stop_after_epoch, time_budget)
     net = place(build_net(config), me.device)
@@ -379,10 +379,11 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
         log(f"stopped after epoch {epoch}/{config.epochs}; continue with --resume")
         return None
     summary = summarise(metrics, len(opened.train), {}, {}, opened.train.nbytes + opened.test.nbytes)
+    pipelined = [row for row in metrics if "max_lead" in row]  # epochs the synchronous trainer ran have none
     summary["module_parallel"] = module_parallel_record(me, max_staleness) | {
-        "ideal_speedup": ideal_speedup([sum(row[f"busy_seconds_m{k + 1}"] for row in metrics)
+        "ideal_speedup": ideal_speedup([sum(row[f"busy_seconds_m{k + 1}"] for row in pipelined)
                                         for k in range(net.K)]),
-        "max_lead": max(row["max_lead"] for row in metrics)}
+        "max_lead": max(row["max_lead"] for row in pipelined)}
     opened.run.finish(net.state_dict(), summary)
     return summary
 

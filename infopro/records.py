@@ -44,10 +44,14 @@ def read_json(path) -> dict:
 
 
 def write_csv(path, rows: list[dict]) -> None:
-    """Rows with identical keys, in order, as a CSV file (written atomically)."""
+    """Rows as a CSV file (written atomically); columns in order of first appearance, blank where absent.
+
+    Rows may differ in keys: a run resumed by the other trainer adds the module-parallel columns.
+    """
     buffer = io.StringIO()
     if rows:
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     atomic_write(path, buffer.getvalue())

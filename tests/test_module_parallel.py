@@ -75,10 +75,13 @@ def test_staleness_lets_ranks_run_ahead_within_the_bound_and_still_learns(tmp_pa
 def test_either_trainer_resumes_the_others_run(tmp_path, one_thread):
     config = TrainConfig(regime="infopro", K=2, **SMALL)
     train(config, tmp_path / "whole", device="cpu", log=lambda line: None)
-    pipeline(config, tmp_path / "cut", stop_after_epoch=1)
-    assert not (tmp_path / "cut" / "model.pt").exists()
-    train(config, tmp_path / "cut", device="cpu", resume=True, log=lambda line: None)
-    assert_same_run(tmp_path / "cut", tmp_path / "whole")
+    pipeline(config, tmp_path / "pipeline-first", stop_after_epoch=1)
+    assert not (tmp_path / "pipeline-first" / "model.pt").exists()
+    train(config, tmp_path / "pipeline-first", device="cpu", resume=True, log=lambda line: None)
+    assert_same_run(tmp_path / "pipeline-first", tmp_path / "whole")
+    train(config, tmp_path / "synchronous-first", device="cpu", stop_after_epoch=1, log=lambda line: None)
+    pipeline(config, tmp_path / "synchronous-first", resume=True)
+    assert_same_run(tmp_path / "synchronous-first", tmp_path / "whole")
 
 
 def fail_on_rank_one(me, config, out):
