@@ -442,29 +442,47 @@ def under_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
+def leave_group() -> None:
+    """After a successful job: wait until every rank is done, then release gloo's worker threads.
+
+    Tearing the group down while Python is fully alive matters: a gloo worker thread that drops
+    the last reference to a tensor during interpreter shutdown aborts the process (SIGABRT).
+    """
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def run_as_torchrun_rank(job, device: torch.device) -> None:
-    """This process is one of torchrun's ranks: join the group from its environment, run `job`."""
+    """This process is one of torchrun's ranks: join the group from its environment, run `job`.
+
+    On an error the group is not torn down (peers may be mid-collective); torchrun stops them.
+    """
     me = init_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)),
                    device, "env://")
-    try:
-        job(me)
-    finally:
-        dist.destroy_process_group()
+    job(me)
+    leave_group()
 
 
 def _spawned_rank(rank: int, world_size: int, init_method: str, device: torch.device, threads: int, job) -> None:
-    """Body of a spawned rank: one line and the error's exit code on a user error, never a traceback."""
+    """Body of a spawned rank: one line and the error's exit code on a user error, never a traceback.
+
+    It ends with os._exit, skipping interpreter shutdown, where gloo's threads can abort the
+    process; on an error it leaves the group as it is, and the parent stops the other ranks.
+    """
     torch.set_num_threads(threads)
     me = init_rank(rank, world_size, rank, device, init_method)
+    code = 0
     try:
         job(me)
+        leave_group()
     except InfoProError as error:
-        print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
-        sys.exit(error.exit_code)
+        print(f"error (rank {rank}): {error}", file=sys.stderr)
+        code = error.exit_code
     except KeyboardInterrupt:
-        sys.exit(130)
-    finally:
-        dist.destroy_process_group()
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def spawn_ranks(job, world_size: int, device: torch.device) -> None:
