@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from infopro.bench import StepTimer
 from infopro.data import augmented_batch, shuffled_batches
 from infopro.errors import InfoProError
 from infopro.local import InfoProObjective, LocalNet
@@ -251,7 +252,7 @@ def train_module_epoch(net: LocalNet, optimizer, me: Rank, upstream: Upstream | 
         batches = shuffled_batches(len(train), config.batch_size, generator)
     loss_sum = torch.zeros((), device=me.device)
     wrong = torch.zeros((), dtype=torch.long, device=me.device)
-    max_lead, busy = 0, 0.0
+    max_lead, timer = 0, StepTimer(me.device)  # CUDA events: no host synchronisation per step
     for t, size in enumerate(sizes):
         if downstream is not None:
             max_lead = max(max_lead, downstream.wait_for_credit(t))
@@ -261,13 +262,11 @@ def train_module_epoch(net: LocalNet, optimizer, me: Rank, upstream: Upstream | 
             h = prepare_input(x, me.device)
         else:
             h, x, y = upstream.receive(size)
-        began = time.perf_counter()
+        timer.start()
         optimizer.zero_grad(set_to_none=True)
         h, loss, batch_wrong = module_step(net, k, h, x, y, config.precision)
         optimizer.step()
-        if me.device.type == "cuda":
-            torch.cuda.synchronize(me.device)
-        busy += time.perf_counter() - began
+        timer.stop()
         loss_sum += loss.float() * size
         if me.last:
             wrong += batch_wrong
@@ -279,7 +278,7 @@ def train_module_epoch(net: LocalNet, optimizer, me: Rank, upstream: Upstream | 
         downstream.close(len(sizes))
     if upstream is not None:
         upstream.close()
-    return EpochStats(loss_sum.item(), wrong.item() if me.last else None, max_lead, busy)
+    return EpochStats(loss_sum.item(), wrong.item() if me.last else None, max_lead, sum(timer.seconds()))
 
 
 def ideal_speedup(busy_seconds: list[float]) -> float:
@@ -524,19 +523,18 @@ def module_seconds(config: TrainConfig, device: torch.device, steps: int = 5) ->
     generator = torch.Generator(device=device).manual_seed(0)
     x = torch.rand(config.batch_size, 3, 32, 32, device=device, generator=generator)
     y = torch.randint(0, 10, (config.batch_size,), device=device, generator=generator)
-    times = [[] for _ in range(net.K)]
+    timers = [StepTimer(device) for _ in range(net.K)]
     for step in range(steps + 1):  # the first step warms up
         h = prepare_input(x, device)
         for k, optimizer in enumerate(optimizers):
-            began = time.perf_counter()
+            if step:
+                timers[k].start()
             optimizer.zero_grad(set_to_none=True)
             h, _, _ = module_step(net, k, h, x, y, config.precision)
             optimizer.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
             if step:
-                times[k].append(time.perf_counter() - began)
-    return [sorted(t)[len(t) // 2] for t in times]
+                timers[k].stop()
+    return [sorted(t)[len(t) // 2] for t in (timer.seconds() for timer in timers)]
 
 
 def last_epoch_images_per_second(run) -> float:
@@ -564,7 +562,7 @@ def compare_throughput(config: TrainConfig, staleness: list[int], folder, device
         speed = last_epoch_images_per_second(run)
         rows.append({"trainer": "module-parallel", "ranks": config.K, "max_staleness": s, "images_per_second": speed,
                      "speedup": speed / synchronous})
-    return [{"K": config.K, "regime": config.regime} | row | model for row in rows]
+    return [{"K": config.K, "regime": config.regime, "seed": config.seed} | row | model for row in rows]
 
 
 def train_rank_quietly(me: Rank, config: TrainConfig, out, max_staleness: int) -> None:
