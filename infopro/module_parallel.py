@@ -105,6 +105,12 @@ def module_state_keys(net: LocalNet, k: int) -> list[str]:
     return [key for key in net.state_dict() if key.startswith(tuple(prefixes))]
 
 
+def module_sgd(net: LocalNet, indices: list[int], config: TrainConfig) -> torch.optim.SGD:
+    """The paper's SGD over the parameters `indices` (in `net.parameters()` order) of one module."""
+    parameters = list(net.parameters())
+    return sgd([parameters[i] for i in indices], config)
+
+
 def merge_optimizer_states(states: list[dict], owned: list[list[int]]) -> dict:
     """K per-module SGD state dicts -> the state dict of one SGD over all parameters.
 
@@ -319,8 +325,7 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
     budget = EpochBudget(stop_after_epoch, time_budget)
     net = place(build_net(config), me.device)
     owned = [module_parameters(net, k) for k in range(net.K)]
-    parameters = list(net.parameters())
-    optimizer = sgd([parameters[i] for i in owned[me.rank]], config)
+    optimizer = module_sgd(net, owned[me.rank], config)
 
     start = rank_zero_start(config, out, me, max_staleness, data_root, download, resume)
     opened, begin = start if me.first else (None, None)
@@ -366,7 +371,7 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
         if me.first:
             losses = [report["stats"].loss_sum / len(opened.train) for report in reports]
             decision = "diverged" if not all(map(math.isfinite, losses)) else end_epoch(
-                net, reports, owned, opened, metrics, config, epoch, lr, time.perf_counter() - began,
+                net, reports, losses, owned, opened, metrics, config, epoch, lr, time.perf_counter() - began,
                 max_staleness, budget, log)
         decision = broadcast(decision, me)
         if decision != "continue":
@@ -404,7 +409,8 @@ def rank_zero_start(config, out, me: Rank, max_staleness, data_root, download, r
     return opened, {"finished": opened.run.finished, "checkpoint": checkpoint, "train_size": len(opened.train)}
 
 
-def end_epoch(net, reports, owned, opened, metrics, config, epoch, lr, seconds, max_staleness, budget, log) -> str:
+def end_epoch(net, reports, losses, owned, opened, metrics, config, epoch, lr, seconds, max_staleness, budget,
+              log) -> str:
     """Rank 0 after an epoch: assemble the network, evaluate, record; say what comes next."""
     state = {}
     for report in reports:
@@ -412,7 +418,6 @@ def end_epoch(net, reports, owned, opened, metrics, config, epoch, lr, seconds, 
     net.load_state_dict(state)
     stats = [report["stats"] for report in reports]
     n = len(opened.train)
-    losses = [s.loss_sum / n for s in stats]
     row = epoch_row(epoch, lr, losses, 100.0 * stats[-1].wrong / n, evaluate(net, opened.test, config.precision),
                     seconds)
     row |= {"max_staleness": max_staleness, "max_lead": max(s.max_lead for s in stats)}
@@ -517,9 +522,7 @@ def module_seconds(config: TrainConfig, device: torch.device, steps: int = 5) ->
     """
     configure_backends(device)
     net = place(build_net(config), device)
-    owned = [module_parameters(net, k) for k in range(net.K)]
-    parameters = list(net.parameters())
-    optimizers = [sgd([parameters[i] for i in indices], config) for indices in owned]
+    optimizers = [module_sgd(net, module_parameters(net, k), config) for k in range(net.K)]
     generator = torch.Generator(device=device).manual_seed(0)
     x = torch.rand(config.batch_size, 3, 32, 32, device=device, generator=generator)
     y = torch.randint(0, 10, (config.batch_size,), device=device, generator=generator)
