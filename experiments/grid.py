@@ -3,17 +3,27 @@
     python -m experiments.grid table2-resnet32 --seeds 0 1 2 --jobs 3 --time-budget 25 --out results/runs
     python -m experiments.grid table2-resnet32 --status --out results/runs
     python -m experiments.grid cpu-fixture --data-root ../shared/data --out results/runs
+    python -m experiments.grid table2-resnet32 --measure-jobs 1 2 3 4 6     # which --jobs fills the GPU
 
+`--measure-jobs` runs N copies of the grid's first configuration at once for 2 epochs, for each
+N, and writes their aggregate images/s to results/bench/grid-jobs-<grid>-<device>.csv.
 `table2-resnet32` feeds Table 2 and fig7 (13 configurations per seed, the paper's 160-epoch
 recipe; GPU hours, see README). `cpu-fixture` is the small real fixture committed so that the
 figures build on a machine without a GPU (2.3 h of training on 2 CPU cores, measured).
 """
 
+import tempfile
 from pathlib import Path
 
+import pandas as pd
+
+from infopro.bench import device_slug
 from infopro.cli import ArgumentParser, run
 from infopro.data import DATASETS
-from infopro.grid import GRIDS, get_grid, run_grid, run_state
+from infopro.errors import InfoProError
+from infopro.grid import GRIDS, get_grid, measure_jobs, run_grid, run_state
+from infopro.records import provenance, write_csv
+from infopro.train import resolve_device
 
 
 def parse_args(argv=None):
@@ -21,12 +31,15 @@ def parse_args(argv=None):
     p.add_argument("grid", choices=GRIDS)
     p.add_argument("--seeds", type=int, nargs="+", help="seeds to run (default: the grid's)")
     p.add_argument("--dataset", choices=DATASETS, help="override the grid's dataset")
-    p.add_argument("--jobs", type=int, default=1, help="trainings to run at once (on one GPU: measure)")
+    p.add_argument("--jobs", type=int, default=1, help="trainings to run at once (on one GPU: pick with --measure-jobs)")
     p.add_argument("--time-budget", type=float, metavar="MIN", help="stop cleanly within MIN minutes")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--data-root")
     p.add_argument("--out", default="results/runs", help="folder holding one directory per run")
     p.add_argument("--status", action="store_true", help="list done / partial / missing runs and exit")
+    p.add_argument("--measure-jobs", type=int, nargs="+", metavar="N",
+                   help="measure aggregate images/s with N trainings at once (each N in turn) and exit")
+    p.add_argument("--bench-out", default="results/bench", help="folder for the --measure-jobs CSV")
     return p.parse_args(argv)
 
 
@@ -40,11 +53,28 @@ def main(argv=None):
         for config in configs:
             print(f"{run_state(config, root):<24} {config.run_id()}")
         return
+    if args.measure_jobs:
+        report_jobs(args, configs[0])
+        return
     budget = None if args.time_budget is None else 60 * args.time_budget
     states = run_grid(configs, root, jobs=args.jobs, time_budget=budget, device=args.device,
                       data_root=args.data_root)
     done = sum(state == "done" for state in states.values())
     print(f"{done} of {len(states)} runs done")
+
+
+def report_jobs(args, config) -> None:
+    """Measure which number of concurrent trainings gives the most images/s; write and print it."""
+    if min(args.measure_jobs) < 1:
+        raise InfoProError("--measure-jobs takes counts of 1 or more")
+    device = resolve_device(args.device)
+    with tempfile.TemporaryDirectory(prefix="infopro-jobs-") as folder:
+        rows = measure_jobs(config, args.measure_jobs, folder, device.type, args.data_root)
+    context = {"grid": args.grid, "run_id": config.run_id(), "measured_epochs": 2} | provenance(device)
+    path = Path(args.bench_out) / f"grid-jobs-{args.grid}-{device_slug(device)}.csv"
+    write_csv(path, [row | context for row in rows])
+    print(pd.DataFrame(rows).to_string(index=False))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,24 @@ the paper reports for ResNet-32 on CIFAR-10: E2E 7.37%, greedy SL K=4 16.07%, In
 (contrast) K=4 8.58% (mean of 5 seeds). A smoke run on CPU:
 
     python -m experiments.train --regime infopro --K 4 --dataset synthetic --epochs 2 --out /tmp/run
+
+Under torchrun with R > 1 processes it trains data-parallel (infopro/data_parallel.py): the
+global batch of --batch-size images is split over the R ranks, with the result and the run
+directory of one process:
+
+    torchrun --nproc_per_node 4 -m experiments.train --regime infopro --K 4 --dataset cifar10 --out ...
 """
+
+import os
+from functools import partial
 
 from infopro.cli import ArgumentParser, run
 from infopro.data import DATASETS
+from infopro.data_parallel import DataParallel
+from infopro.distributed import Rank, run_as_torchrun_rank, under_torchrun
 from infopro.local import REGIMES, TASK_LOSSES
 from infopro.models import ARCHS
-from infopro.train import PRECISIONS, TrainConfig, train
+from infopro.train import PRECISIONS, TrainConfig, resolve_device, train
 
 
 def pair(text: str) -> tuple[float, float]:
@@ -67,18 +78,35 @@ def config_from(args) -> TrainConfig:
         precision=args.precision)
 
 
+def run_options(args) -> dict:
+    """Keyword arguments of `train` (and of the other trainers) that are not part of the config."""
+    return {"data_root": args.data_root, "download": args.download, "resume": args.resume,
+            "time_budget": None if args.time_budget is None else 60 * args.time_budget}
+
+
 def report(summary: dict | None, out) -> None:
     if summary is not None:
         print(f"final test error {summary['final_test_error']:.2f}% after {summary['epochs']} epochs -> {out}")
+
+
+def replica_job(me: Rank, config: TrainConfig, out, options: dict) -> None:
+    """One data-parallel rank's run; rank 0 reports."""
+    summary = train(config, out, replicas=DataParallel(me), **options)
+    if me.first:
+        report(summary, out)
 
 
 def main(argv=None):
     p = ArgumentParser(prog="python -m experiments.train", description=__doc__.split("\n\n")[0])
     add_training_arguments(p)
     args = p.parse_args(argv)
-    budget = None if args.time_budget is None else 60 * args.time_budget
-    report(train(config_from(args), args.out, device=args.device, data_root=args.data_root,
-                 download=args.download, resume=args.resume, time_budget=budget), args.out)
+    config = config_from(args)
+    options = run_options(args)
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        run_as_torchrun_rank(partial(replica_job, config=config, out=args.out, options=options),
+                             resolve_device(args.device))
+    else:
+        report(train(config, args.out, device=args.device, **options), args.out)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@ Asy-InfoPro on ResNet-110 at K = 2 / 4: 7.34 / 8.39% test error (facts §6).
 
 from functools import partial
 
-from experiments.train import add_training_arguments, config_from, report
+from experiments.train import add_training_arguments, config_from, report, run_options
 from infopro.cli import ArgumentParser, run
 from infopro.errors import InfoProError
-from infopro.module_parallel import Rank, run_as_torchrun_rank, spawn_ranks, train_rank, under_torchrun
+from infopro.distributed import Rank, run_as_torchrun_rank, spawn_ranks, under_torchrun
+from infopro.module_parallel import train_rank
 from infopro.train import resolve_device
 
 
@@ -36,8 +37,7 @@ def main(argv=None):
     if args.max_staleness < 0:
         raise InfoProError("--max-staleness must be 0 or more")
     config = config_from(args)
-    options = {"max_staleness": args.max_staleness, "data_root": args.data_root, "download": args.download,
-               "resume": args.resume, "time_budget": None if args.time_budget is None else 60 * args.time_budget}
+    options = {"max_staleness": args.max_staleness} | run_options(args)
     job = partial(rank_job, config=config, out=args.out, options=options)
     device = resolve_device(args.device)
     if under_torchrun():

@@ -37,10 +37,11 @@ from torch.utils.checkpoint import checkpoint_sequential
 
 from infopro.data import augmented_batch
 from infopro.errors import InfoProError
+from infopro.local import run_layers
 from infopro.memory import PeakTensorMemory, SavedActivations
 from infopro.records import REPO_ROOT, device_name
 from infopro.splits import PAPER_SPLITS
-from infopro.train import TrainConfig, build_net, configure_backends, place, run_layers, train_step
+from infopro.train import TrainConfig, build_net, configure_backends, place, train_step
 
 FAMILIES = ("e2e", "checkpoint", "offload", "greedy", "infopro", "infopro-balanced", "infopro+checkpoint")
 LOCAL_KS = (2, 4, 8, 16)

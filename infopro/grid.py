@@ -9,11 +9,12 @@ and never mid-write when a lease or budget ends.
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT
+from infopro.runs import last_epoch_images_per_second
 from infopro.train import TrainConfig
 
 PAPER_KS = (2, 4, 8, 16)
@@ -72,11 +73,12 @@ def run_state(config: TrainConfig, root: Path) -> str:
     return "missing"
 
 
-def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float) -> list[str]:
+def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float | None = None) -> list[str]:
     """The `experiments.train` command line that runs (or resumes) `config` into `out`."""
     defaults = TrainConfig()
-    command = [sys.executable, "-m", "experiments.train", "--out", str(out), "--resume",
-               "--device", device, "--time-budget", f"{minutes:.2f}"]
+    command = [sys.executable, "-m", "experiments.train", "--out", str(out), "--resume", "--device", device]
+    if minutes is not None:
+        command += ["--time-budget", f"{minutes:.2f}"]
     if data_root is not None:
         command += ["--data-root", str(data_root)]
     for name, value in config.__dict__.items():
@@ -104,7 +106,7 @@ def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budg
             left = None if deadline is None else deadline - time.monotonic()
             while pending and len(running) < jobs and (left is None or left > 60):
                 config = pending.pop(0)
-                minutes = 10**6 if left is None else left / 60
+                minutes = None if left is None else left / 60
                 logfile = open(root / "logs" / f"{config.run_id()}.log", "a")
                 command = train_command(config, root / config.run_id(), device, data_root, minutes)
                 running[subprocess.Popen(command, cwd=REPO_ROOT, stdout=logfile, stderr=subprocess.STDOUT)] = config
@@ -128,3 +130,32 @@ def last_line(root: Path, config: TrainConfig) -> str:
     lines = (root / "logs" / f"{config.run_id()}.log").read_text().strip().splitlines()
     return lines[-1] if lines else "no output"
 
+
+
+def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "auto", data_root=None,
+                 epochs: int = 2) -> list[dict]:
+    """Aggregate training images/s with N copies of `config` running at once, for each N in `counts`.
+
+    One training alone leaves a large GPU partly idle (small kernels, Python between them);
+    several share it until they only compete. For each N, N identical `epochs`-epoch runs
+    start together and their last epochs' images/s are added up; the best N is the `--jobs`
+    to give the grid. Returns one row per N, the best marked.
+    """
+    short = replace(config, epochs=epochs)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in counts:
+        runs = [Path(folder) / f"jobs{n}-run{i}" for i in range(n)]
+        processes = []
+        for run in runs:
+            with open(run.with_suffix(".log"), "w") as log:
+                processes.append(subprocess.Popen(train_command(short, run, device, data_root), cwd=REPO_ROOT,
+                                                  stdout=log, stderr=subprocess.STDOUT))
+        for process, run in zip(processes, runs):
+            if process.wait():
+                lines = run.with_suffix(".log").read_text().strip().splitlines()
+                raise InfoProError(f"a measuring run failed: {lines[-1] if lines else 'no output'}")
+        speeds = [last_epoch_images_per_second(run) for run in runs]
+        rows.append({"jobs": n, "images_per_second": sum(speeds), "images_per_second_per_run": sum(speeds) / n})
+    best = max(rows, key=lambda row: row["images_per_second"])["jobs"]
+    return [row | {"best": row["jobs"] == best} for row in rows]

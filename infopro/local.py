@@ -32,6 +32,11 @@ TEMPERATURE = 0.07          # supervised-contrastive temperature (= base tempera
 
 
 
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """`t` in at least fp32: losses and statistics are not computed in bf16 (float64 stays float64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class Decoder(nn.Module):
     """Bilinear up-sampling to the image size, conv3x3-BN-ReLU, conv3x3 to 3 channels.
 
@@ -56,7 +61,7 @@ class Decoder(nn.Module):
 
 def reconstruction_loss(logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy of the decoder's pixels against the [0, 1] image x."""
-    return F.binary_cross_entropy_with_logits(logits.float(), x)
+    return F.binary_cross_entropy_with_logits(upcast(logits), x)
 
 
 class AuxHead(nn.Module):
@@ -79,21 +84,29 @@ class AuxHead(nn.Module):
 
 
 def supervised_contrastive_loss(embedding: torch.Tensor, labels: torch.Tensor,
-                                temperature: float = TEMPERATURE) -> torch.Tensor:
+                                temperature: float = TEMPERATURE, gather_batch=None) -> torch.Tensor:
     """Supervised contrastive loss (Khosla et al., 2020), one view per sample.
 
     Each anchor's positives are the other samples of its class in the batch; the loss is
     the negative mean log-probability of its positives among all other samples, averaged
     over anchors. Anchors without a positive contribute 0 but still count in the average,
     as in the paper's code. Computed in fp32: at τ = 0.07 bf16 logits are too coarse.
+
+    When this process holds one shard of the batch (data-parallel training), the anchors are
+    its samples and the contrast set is the whole batch: `gather_batch(z, labels)` returns
+    every rank's rows (differentiably) and the offset of this shard among them.
     """
-    z = F.normalize(embedding.float(), dim=1)
-    logits = z @ z.T / temperature
+    z = F.normalize(upcast(embedding), dim=1)
+    (batch_z, batch_labels), offset = (z, labels), 0
+    if gather_batch is not None:
+        (batch_z, batch_labels), offset = gather_batch(z, labels)
+    logits = z @ batch_z.T / temperature
     n = len(labels)
-    not_self = ~torch.eye(n, dtype=torch.bool, device=z.device)
+    not_self = torch.ones_like(logits, dtype=torch.bool)
+    not_self[torch.arange(n), offset + torch.arange(n)] = False
     logits = logits - logits.detach().max(dim=1, keepdim=True).values
     log_prob = logits - torch.logsumexp(logits.masked_fill(~not_self, float("-inf")), dim=1, keepdim=True)
-    positives = (labels[:, None] == labels[None, :]) & not_self
+    positives = (labels[:, None] == batch_labels[None, :]) & not_self
     count = positives.sum(1)
     mean_log_prob = (log_prob * positives).sum(1) / count.clamp(min=1)
     return -mean_log_prob.mean()
@@ -118,6 +131,8 @@ class InfoProObjective(nn.Module):
     the backbone's gradient is identical, and the step saves that head's time and memory.
     """
 
+    gather_batch = None  # set by data-parallel training: the contrast set spans every rank's shard
+
     def __init__(self, in_channels: int, size: int, num_classes: int, task_loss: str,
                  lambda1: float, lambda2: float):
         super().__init__()
@@ -132,13 +147,46 @@ class InfoProObjective(nn.Module):
             loss = loss + self.lambda1 * reconstruction_loss(self.decoder(h), x)
         if self.lambda2:
             output = self.aux_head(h)
-            task = supervised_contrastive_loss(output, y) if self.task_loss == "contrast" \
-                else F.cross_entropy(output.float(), y)
+            task = supervised_contrastive_loss(output, y, gather_batch=self.gather_batch) \
+                if self.task_loss == "contrast" else F.cross_entropy(upcast(output), y)
             loss = loss + self.lambda2 * task
         return loss
 
+    def idle_parameters(self) -> list[nn.Parameter]:
+        """Parameters of a term whose weight is 0: never computed, so never trained."""
+        idle = [] if self.lambda1 else list(self.decoder.parameters())
+        return idle + ([] if self.lambda2 else list(self.aux_head.parameters()))
+
     def extra_repr(self) -> str:
         return f"task_loss={self.task_loss}, lambda1={self.lambda1:g}, lambda2={self.lambda2:g}"
+
+
+def run_layers(layers, h: torch.Tensor) -> torch.Tensor:
+    """Apply `layers` in order: how a module's backbone segment runs unless told otherwise."""
+    for layer in layers:
+        h = layer(h)
+    return h
+
+
+class LocalModule(nn.Module):
+    """One local module on its own: its backbone layers, then its objective or, last, the head.
+
+    forward(h, x, y) -> (output, local loss, head logits or None), where h is the module's
+    input and x the augmented image in [0, 1] (for reconstruction). It owns exactly this
+    module's parameters, which makes it the unit that data-parallel training wraps in DDP.
+    `run_segment(layers, h)` may replace how the layers run (e.g. with checkpointing).
+    """
+
+    def __init__(self, layers: nn.ModuleList, top: nn.Module, last: bool):
+        super().__init__()
+        self.layers, self.top, self.last = layers, top, last
+
+    def forward(self, h, x, y, run_segment=run_layers):
+        h = run_segment(self.layers, h)
+        if not self.last:
+            return h, self.top(h, x, y), None
+        logits = self.top(h)
+        return h, F.cross_entropy(upcast(logits), y), logits
 
 
 class LocalNet(nn.Module):
@@ -155,6 +203,9 @@ class LocalNet(nn.Module):
         self.backbone = backbone
         self.ends = list(ends)
         self.objectives = nn.ModuleList(objectives)
+        # Views of the same submodules, one per local module (a plain list: not in the state dict).
+        self.local_modules = [LocalModule(self.segment(k), self.objectives[k] if k < self.K - 1 else backbone.head,
+                                          k == self.K - 1) for k in range(self.K)]
 
     @property
     def K(self) -> int:

@@ -27,67 +27,26 @@ gathered on rank 0, which evaluates the whole network, writes the run directory 
 broadcasts whether to go on, so every rank stops at the same point, on errors too.
 """
 
-import logging
 import math
-import os
-import sys
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import pandas as pd
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from infopro.bench import StepTimer
 from infopro.data import augmented_batch, shuffled_batches
+from infopro.distributed import Rank, broadcast, gather, on_rank_zero, spawn_ranks, to_cpu
 from infopro.errors import InfoProError
-from infopro.local import InfoProObjective, LocalNet
+from infopro.local import InfoProObjective, LocalNet, run_layers
 from infopro.records import read_json
+from infopro.runs import last_epoch_images_per_second
 from infopro.train import (EpochBudget, TrainConfig, autocast, build_net, check_finite, configure_backends,
-                           epoch_generator, epoch_line, epoch_row, evaluate, learning_rate, module_step, open_run,
-                           place, prepare_input, run_layers, set_learning_rate, sgd, summarise, train)
-
-
-@dataclass(frozen=True)
-class Rank:
-    """This process's place in the pipeline: its rank (= its local module) and device."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-    backend: str
-
-    @property
-    def first(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def last(self) -> bool:
-        return self.rank == self.world_size - 1
-
-    @property
-    def transport_device(self) -> torch.device:
-        """Where tensors travel: gloo moves host tensors only, NCCL device tensors."""
-        return self.device if self.backend == "nccl" else torch.device("cpu")
-
-
-def choose_backend(device: torch.device, world_size: int) -> str:
-    """NCCL when every rank has a GPU of its own; gloo on CPU and when ranks share a GPU."""
-    if device.type == "cuda" and world_size <= torch.cuda.device_count():
-        return "nccl"
-    return "gloo"
-
-
-def rank_device(device: torch.device, local_rank: int) -> torch.device:
-    """Ranks are spread over the visible GPUs round-robin (several may share one)."""
-    if device.type == "cuda":
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return device
+                           epoch_generator, epoch_line, epoch_row, evaluate, learning_rate, load_splits, module_step, open_run,
+                           place, prepare_input, set_learning_rate, sgd, summarise, train)
 
 
 # ----- which parameters, buffers and inputs belong to which module
@@ -159,17 +118,6 @@ def boundary_dtypes(net: LocalNet, precision: str, device: torch.device) -> list
 def batch_sizes(n: int, batch_size: int) -> list[int]:
     """Sizes of one epoch's batches (as `shuffled_batches` cuts them), known to every rank."""
     return [min(batch_size, n - start) for start in range(0, n, batch_size)]
-
-
-def to_cpu(obj):
-    """Tensors in nested dicts and lists moved to host memory, for gathering on rank 0."""
-    if torch.is_tensor(obj):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {key: to_cpu(value) for key, value in obj.items()}
-    if isinstance(obj, list):
-        return [to_cpu(value) for value in obj]
-    return obj
 
 
 # ----- the two ends of a link between rank k and rank k+1
@@ -270,7 +218,7 @@ def train_module_epoch(net: LocalNet, optimizer, me: Rank, upstream: Upstream | 
             h, x, y = upstream.receive(size)
         timer.start()
         optimizer.zero_grad(set_to_none=True)
-        h, loss, batch_wrong = module_step(net, k, h, x, y, config.precision)
+        h, loss, batch_wrong = module_step(net.local_modules[k], h, x, y, config.precision)
         optimizer.step()
         timer.stop()
         loss_sum += loss.float() * size
@@ -296,20 +244,6 @@ def ideal_speedup(busy_seconds: list[float]) -> float:
     return sum(busy_seconds) / max(busy_seconds)
 
 
-def broadcast(obj, me: Rank):
-    """`obj` from rank 0 to every rank (a Python object, pickled)."""
-    box = [obj if me.first else None]
-    dist.broadcast_object_list(box, src=0, device=me.transport_device)
-    return box[0]
-
-
-def gather(obj, me: Rank) -> list | None:
-    """Every rank's `obj` as a list on rank 0 (None elsewhere)."""
-    gathered = [None] * me.world_size if me.first else None
-    dist.gather_object(obj, gathered, dst=0)
-    return gathered
-
-
 def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, data_root=None,
                download: bool = False, resume: bool = False, stop_after_epoch: int | None = None,
                time_budget: float | None = None, log=print) -> dict | None:
@@ -327,14 +261,11 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
     owned = [module_parameters(net, k) for k in range(net.K)]
     optimizer = module_sgd(net, owned[me.rank], config)
 
-    start = rank_zero_start(config, out, me, max_staleness, data_root, download, resume)
-    opened, begin = start if me.first else (None, None)
-    begin = broadcast(begin, me)
-    if "error" in begin:
-        if me.first:
-            raise InfoProError(begin["error"])
+    opened, begin = on_rank_zero(me, partial(open_pipeline_run, config, out, me, max_staleness, data_root,
+                                             download, resume))
+    if begin is None:  # rank 0 could not open the run, and says why
         return None
-    if begin.get("finished"):
+    if begin["finished"]:
         if me.first:
             log(f"{opened.run.path}: already complete ({config.epochs} epochs)")
             return read_json(opened.run.path / "summary.json")
@@ -396,17 +327,11 @@ def module_parallel_record(me: Rank, max_staleness: int) -> dict:
     return {"ranks": me.world_size, "max_staleness": max_staleness, "backend": me.backend}
 
 
-def rank_zero_start(config, out, me: Rank, max_staleness, data_root, download, resume):
-    """Rank 0: data and run directory; returns (opened run, what every rank must know)."""
-    if not me.first:
-        return None
-    try:
-        opened = open_run(config, out, me.device, data_root, download, resume,
-                          {"module_parallel": module_parallel_record(me, max_staleness)})
-    except InfoProError as error:
-        return None, {"error": str(error)}
-    checkpoint = None if opened.run.finished else opened.checkpoint
-    return opened, {"finished": opened.run.finished, "checkpoint": checkpoint, "train_size": len(opened.train)}
+def open_pipeline_run(config, out, me: Rank, max_staleness, data_root, download, resume):
+    """Rank 0: data and run directory -> (opened run, what every rank must know)."""
+    opened = open_run(config, out, load_splits(config, me.device, data_root, download), me.device, resume,
+                      {"module_parallel": module_parallel_record(me, max_staleness)})
+    return opened, {"finished": opened.finished, "checkpoint": opened.checkpoint, "train_size": len(opened.train)}
 
 
 def end_epoch(net, reports, losses, owned, opened, metrics, config, epoch, lr, seconds, max_staleness, budget,
@@ -431,88 +356,6 @@ def end_epoch(net, reports, losses, owned, opened, metrics, config, epoch, lr, s
     return "stop" if budget.stop_after(epoch, config.epochs, seconds) else "continue"
 
 
-# ----- processes: under torchrun, or spawned here
-
-def init_rank(rank: int, world_size: int, local_rank: int, device: torch.device, init_method: str) -> Rank:
-    device = rank_device(device, local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    backend = choose_backend(device, world_size)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
-    return Rank(rank, world_size, device, backend)
-
-
-def under_torchrun() -> bool:
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
-
-
-def leave_group() -> None:
-    """After a successful job: wait until every rank is done, then release gloo's worker threads.
-
-    Tearing the group down while Python is fully alive matters: a gloo worker thread that drops
-    the last reference to a tensor during interpreter shutdown aborts the process (SIGABRT).
-    """
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def run_as_torchrun_rank(job, device: torch.device) -> None:
-    """This process is one of torchrun's ranks: join the group from its environment, run `job`.
-
-    On an error the group is not torn down (peers may be mid-collective); torchrun stops them.
-    """
-    me = init_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)),
-                   device, "env://")
-    job(me)
-    leave_group()
-
-
-def _spawned_rank(rank: int, world_size: int, init_method: str, device: torch.device, threads: int, job) -> None:
-    """Body of a spawned rank: one line and the error's exit code on a user error, never a traceback.
-
-    It ends with os._exit, skipping interpreter shutdown, where gloo's threads can abort the
-    process; on an error it leaves the group as it is, and the parent stops the other ranks.
-    """
-    torch.set_num_threads(threads)
-    me = init_rank(rank, world_size, rank, device, init_method)
-    code = 0
-    try:
-        job(me)
-        leave_group()
-    except InfoProError as error:
-        print(f"error (rank {rank}): {error}", file=sys.stderr)
-        code = error.exit_code
-    except KeyboardInterrupt:
-        code = 130
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def spawn_ranks(job, world_size: int, device: torch.device) -> None:
-    """Run `job(rank)` in `world_size` fresh processes; the first one to fail stops them all."""
-    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # our one line says it
-    # The ranks share this process's CPU threads instead of each starting one per core.
-    threads = max(1, torch.get_num_threads() // world_size)
-    with tempfile.TemporaryDirectory(prefix="infopro-ranks-") as folder:
-        store = f"file://{Path(folder) / 'store'}"
-        context = mp.start_processes(_spawned_rank, args=(world_size, store, device, threads, job),
-                                     nprocs=world_size, join=False, start_method="spawn")
-        try:
-            while not context.join():
-                pass
-        except mp.ProcessExitedException as failure:
-            how = f"was killed by {failure.signal_name}" if failure.signal_name else f"exited with code {failure.exit_code}"
-            error = InfoProError(f"rank {failure.error_index} {how}, so every rank was stopped; "
-                                 f"finished epochs are kept (continue with --resume)")
-            error.exit_code = failure.exit_code if failure.exit_code and failure.exit_code > 0 else 1
-            raise error from None
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
-
-
 # ----- what a pipeline buys: measured throughput beside the ideal speed-up
 
 def module_seconds(config: TrainConfig, device: torch.device, steps: int = 5) -> list[float]:
@@ -533,17 +376,11 @@ def module_seconds(config: TrainConfig, device: torch.device, steps: int = 5) ->
             if step:
                 timers[k].start()
             optimizer.zero_grad(set_to_none=True)
-            h, _, _ = module_step(net, k, h, x, y, config.precision)
+            h, _, _ = module_step(net.local_modules[k], h, x, y, config.precision)
             optimizer.step()
             if step:
                 timers[k].stop()
     return [sorted(t)[len(t) // 2] for t in (timer.seconds() for timer in timers)]
-
-
-def last_epoch_images_per_second(run) -> float:
-    metrics = pd.read_csv(Path(run) / "metrics.csv")
-    images = read_json(Path(run) / "config.json")["dataset"]["train_size"]
-    return images / metrics["epoch_seconds"].iloc[-1]
 
 
 def compare_throughput(config: TrainConfig, staleness: list[int], folder, device: torch.device) -> list[dict]:

@@ -78,6 +78,13 @@ def recipe_label(record: dict) -> str:
             f"{epochs} epoch{'s' if epochs != 1 else ''}, batch {config['batch_size']}")
 
 
+def last_epoch_images_per_second(run) -> float:
+    """Training images/s of a run directory's last epoch (finished or not): its steady speed."""
+    metrics = pd.read_csv(Path(run) / "metrics.csv")
+    images = read_json(Path(run) / "config.json")["dataset"]["train_size"]
+    return images / metrics["epoch_seconds"].iloc[-1]
+
+
 def find_runs(root) -> list[Run]:
     """Every finished run below `root`, sorted by run id."""
     runs = []

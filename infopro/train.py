@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from infopro.data import DATASETS, Split, augmented_batch, load_dataset, normalise, shuffled_batches, to_unit
 from infopro.errors import DivergedError, InfoProError, RunDirError
-from infopro.local import REGIMES, TASK_LOSSES, LocalNet, build_local_net
+from infopro.local import REGIMES, TASK_LOSSES, LocalModule, LocalNet, build_local_net, run_layers
 from infopro.memory import SavedActivations, cuda_peak
 from infopro.models import ARCHS
 from infopro.records import provenance, read_json, save_torch, write_csv, write_json
@@ -163,47 +162,37 @@ def prepare_input(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else x
 
 
-def run_layers(layers, h: torch.Tensor) -> torch.Tensor:
-    """Apply `layers` in order: how a module's backbone segment runs unless told otherwise."""
-    for layer in layers:
-        h = layer(h)
-    return h
+def module_step(module: LocalModule, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
+                run_segment=run_layers, loss_scale: float = 1.0):
+    """Forward and backward of one local module on its (detached) input h; no optimizer step.
 
-
-def module_step(net: LocalNet, k: int, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                precision: str = "fp32", run_segment=run_layers):
-    """Forward and backward of local module k on its (detached) input h; no optimizer step.
-
-    Module k < K-1 is trained by its objective (which may use the augmented input x in [0, 1]),
-    the last module by cross-entropy at the network's head. Returns the module's detached
-    output (the next module's input: no gradient crosses the boundary), its detached loss and,
-    for the last module, the number of misclassified samples (else None). Both trainers, the
-    synchronous one and the module-parallel one, run exactly this.
+    `module` is `net.local_modules[k]` (or a DDP wrapper of it); x is the augmented input in
+    [0, 1]. The loss is multiplied by `loss_scale` before backward (data-parallel shards of
+    unequal size weigh their mean losses so). Returns the module's detached output (the next
+    module's input: no gradient crosses the boundary), its detached loss and, for the last
+    module, the number of misclassified samples (else None). All three trainers (synchronous,
+    module-parallel, data-parallel) run exactly this.
     """
     with autocast(h.device, precision):
-        h = run_segment(net.segment(k), h)
-        if k < net.K - 1:
-            loss = net.objectives[k](h, x, y)
-        else:
-            logits = net.backbone.head(h)
-            loss = F.cross_entropy(logits.float(), y)
-    loss.backward()  # frees module k's graph before module k+1 runs
-    wrong = (logits.argmax(1) != y).sum() if k == net.K - 1 else None
+        h, loss, logits = module(h, x, y, run_segment)
+    (loss * loss_scale).backward()  # frees the module's graph before the next module runs
+    wrong = None if logits is None else (logits.argmax(1) != y).sum()
     return h.detach(), loss.detach(), wrong
 
 
 def train_step(net: LocalNet, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
-               run_segment=run_layers):
+               run_segment=run_layers, modules=None, loss_scale: float = 1.0):
     """Forward and backward through the K modules for one batch x in [0, 1]; no optimizer step.
 
     `run_segment(layers, h)` runs one module's backbone layers (the benchmark swaps in
-    gradient checkpointing here). Returns each module's loss and the number of
+    gradient checkpointing here); `modules` replaces `net.local_modules` (data-parallel
+    training passes their DDP wrappers). Returns each module's loss and the number of
     misclassified samples at the network's head, as device tensors (no host synchronisation).
     """
     h = prepare_input(x, x.device)
     losses = []
-    for k in range(net.K):
-        h, loss, wrong = module_step(net, k, h, x, y, precision, run_segment)
+    for module in modules or net.local_modules:
+        h, loss, wrong = module_step(module, h, x, y, precision, run_segment, loss_scale)
         losses.append(loss)
     return torch.stack(losses), wrong
 
@@ -314,9 +303,9 @@ def run_record(config: TrainConfig, dataset, train: Split, test: Split, device: 
 class Progress:
     """A one-line progress bar on a terminal; silent otherwise (logs stay one line per epoch)."""
 
-    def __init__(self, total: int, label: str):
+    def __init__(self, total: int, label: str, enabled: bool = True):
         self.total, self.label = total, label
-        self.enabled = sys.stderr.isatty()
+        self.enabled = enabled and sys.stderr.isatty()
 
     def update(self, done: int) -> None:
         if self.enabled:
@@ -329,27 +318,95 @@ class Progress:
             print("\r" + " " * (len(self.label) + 45) + "\r", end="", file=sys.stderr, flush=True)
 
 
-def train_epoch(net, optimizer, train: Split, config: TrainConfig, epoch: int, measure: dict | None):
-    """One pass over `train`; returns summed module losses and misclassified count (on device).
+@dataclass
+class OpenedRun:
+    """A run directory opened for training, with its data and the checkpoint to resume from.
 
-    When `measure` is a dict, the first step's peak saved-activation bytes are put in it.
+    `run` is None in a data-parallel rank other than 0: it trains but never writes.
+    """
+
+    run: "RunDir | None"
+    train: Split
+    test: Split
+    checkpoint: dict | None
+    finished: bool
+
+
+def load_splits(config: TrainConfig, device: torch.device, data_root=None, download: bool = False):
+    """(dataset, train split, test split) of `config`, the splits on `device`."""
+    dataset = load_dataset(config.dataset, data_root, download)
+    return dataset, dataset.train.subset(config.train_subset).to(device), dataset.test.subset(config.test_subset).to(device)
+
+
+def open_run(config: TrainConfig, out, data, device: torch.device, resume: bool = False,
+             extra_record: dict | None = None) -> OpenedRun:
+    """Open (or refuse) the run directory `out` of `config` trained on `data` (from `load_splits`)."""
+    dataset, train_split, test_split = data
+    record = run_record(config, dataset, train_split, test_split, device) | (extra_record or {})
+    run = RunDir(out, record)
+    checkpoint = run.open(resume)
+    return OpenedRun(run, train_split, test_split, None if run.finished else checkpoint, run.finished)
+
+
+class OneProcess:
+    """This process trains on every whole batch by itself: how `train` runs unless told otherwise.
+
+    `infopro.data_parallel.DataParallel` is the other case (one shard of each batch per rank);
+    `train` asks either one where the data comes from, which rows of a batch are its own, how
+    to add up over ranks, and whether it is the process that writes.
+    """
+
+    writer = True   # evaluates, writes the run directory and logs
+    modules = None  # the local modules train_step runs (None: the network's own)
+    row: dict = {}  # extra columns of metrics.csv
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def open_run(self, config: TrainConfig, out, data_root, download: bool, resume: bool) -> OpenedRun:
+        return open_run(config, out, load_splits(config, self.device, data_root, download), self.device, resume)
+
+    def wrap(self, net: LocalNet) -> None:
+        """Nothing to do: the network trains as it is."""
+
+    def share(self, batch_size: int) -> tuple[slice, float]:
+        """This process's rows of a batch and the weight of its mean losses: all of it, 1."""
+        return slice(None), 1.0
+
+    def total(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def agree(self, value):
+        return value
+
+
+def train_epoch(net, optimizer, train: Split, config: TrainConfig, epoch: int, measure: dict | None = None,
+                replicas: OneProcess | None = None):
+    """One pass over `train`; returns this process's summed module losses and misclassified count (on device).
+
+    Every process draws the whole batch (same generator: same order and augmentation as one
+    process would) and trains on its share. When `measure` is a dict, the first step's peak
+    saved-activation bytes are put in it.
     """
     device = train.images.device
+    replicas = replicas or OneProcess(device)
     generator = epoch_generator(config.seed, epoch, device)
     batches = shuffled_batches(len(train), config.batch_size, generator)
     loss_sums = torch.zeros(net.K, device=device)
     wrong = torch.zeros((), dtype=torch.long, device=device)
-    progress = Progress(len(batches), f"epoch {epoch}")
+    progress = Progress(len(batches), f"epoch {epoch}", replicas.writer)
     for step, index in enumerate(batches):
-        x = augmented_batch(train.images[index], generator)
-        y = train.labels[index]
+        rows, loss_scale = replicas.share(len(index))
+        x = augmented_batch(train.images[index], generator)[rows]
+        y = train.labels[index][rows]
         optimizer.zero_grad(set_to_none=True)
         with SavedActivations() if measure is not None and step == 0 else nullcontext() as saved:
-            losses, batch_wrong = train_step(net, x, y, config.precision)
+            losses, batch_wrong = train_step(net, x, y, config.precision, modules=replicas.modules,
+                                             loss_scale=loss_scale)
         if saved is not None:
             measure["peak_saved_activation_bytes"] = saved.peak_bytes
         optimizer.step()
-        loss_sums += losses * len(index)
+        loss_sums += losses * len(y)
         wrong += batch_wrong
         progress.update(step + 1)
     progress.close()
@@ -371,27 +428,6 @@ def place(net: LocalNet, device: torch.device) -> LocalNet:
     """Move to `device`; channels-last on CUDA, where cuDNN's convolutions prefer it."""
     net = net.to(device)
     return net.to(memory_format=torch.channels_last) if device.type == "cuda" else net
-
-
-@dataclass
-class OpenedRun:
-    """A run directory opened for training, with its data and the checkpoint to resume from."""
-
-    run: "RunDir"
-    train: Split
-    test: Split
-    checkpoint: dict | None
-
-
-def open_run(config: TrainConfig, out, device: torch.device, data_root=None, download: bool = False,
-             resume: bool = False, extra_record: dict | None = None) -> OpenedRun:
-    """Load the data onto `device` and open (or refuse) the run directory `out`."""
-    dataset = load_dataset(config.dataset, data_root, download)
-    train_split = dataset.train.subset(config.train_subset).to(device)
-    test_split = dataset.test.subset(config.test_subset).to(device)
-    record = run_record(config, dataset, train_split, test_split, device) | (extra_record or {})
-    run = RunDir(out, record)
-    return OpenedRun(run, train_split, test_split, run.open(resume))
 
 
 def check_finite(losses: list[float], epoch: int, run: "RunDir") -> None:
@@ -425,53 +461,67 @@ class EpochBudget:
 
 def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, download: bool = False,
           resume: bool = False, stop_after_epoch: int | None = None, time_budget: float | None = None,
-          log=print) -> dict | None:
+          log=print, replicas: OneProcess | None = None) -> dict | None:
     """Train `config` into directory `out`; return the summary, or None if stopped early.
 
     Stopping early leaves a resumable run: `stop_after_epoch` ends this call after that
     epoch; `time_budget` (seconds) ends it after the last epoch that is expected to finish
-    within the budget, judged by the duration of the epoch before.
+    within the budget, judged by the duration of the epoch before. By default this process
+    trains alone on `device`; with `replicas` = `infopro.data_parallel.DataParallel` it is one
+    rank of a data-parallel job, and only rank 0 evaluates, writes, logs and returns the
+    summary. A non-finite loss or a failed write raises on rank 0, whose launcher then stops
+    the ranks waiting for its word.
     """
+    replicas = replicas or OneProcess(resolve_device(device))
     budget = EpochBudget(stop_after_epoch, time_budget)
-    device = resolve_device(device)
-    configure_backends(device)
-    opened = open_run(config, out, device, data_root, download, resume)
-    run, train_split, test_split = opened.run, opened.train, opened.test
-    if run.finished:
-        log(f"{run.path}: already complete ({config.epochs} epochs)")
-        return read_json(run.path / "summary.json")
-    net = place(build_net(config), device)
+    configure_backends(replicas.device)
+    opened = replicas.open_run(config, out, data_root, download, resume)
+    if opened is None:  # rank 0 could not open the run, and says why
+        return None
+    log = log if replicas.writer else (lambda line: None)
+    if opened.finished:
+        log(f"{out}: already complete ({config.epochs} epochs)")
+        return read_json(Path(out) / "summary.json") if replicas.writer else None
+    net = place(build_net(config), replicas.device)
+    replicas.wrap(net)
     optimizer = sgd(net.parameters(), config)
     metrics, start = [], 1
     if opened.checkpoint is not None:
         net.load_state_dict(opened.checkpoint["model"])
         optimizer.load_state_dict(opened.checkpoint["optimizer"])
         metrics, start = opened.checkpoint["metrics"], opened.checkpoint["epoch"] + 1
-        log(f"resuming {run.path} after epoch {opened.checkpoint['epoch']}")
+        log(f"resuming {out} after epoch {opened.checkpoint['epoch']}")
 
     measured, memory = {}, {}
+    n = len(opened.train)
     for epoch in range(start, config.epochs + 1):
         lr = learning_rate(config, epoch)
         set_learning_rate(optimizer, lr)
         began = time.perf_counter()
         # CUDA peaks are taken after the first epoch of this call (cuDNN autotuning, warm-up).
-        with cuda_peak(device, memory if epoch > start or epoch == config.epochs else {}):
-            loss_sums, wrong = train_epoch(net, optimizer, train_split, config, epoch,
-                                           measured if epoch == start else None)
-            losses = (loss_sums / len(train_split)).tolist()
+        with cuda_peak(replicas.device, memory if epoch > start or epoch == config.epochs else {}):
+            loss_sums, wrong = train_epoch(net, optimizer, opened.train, config, epoch,
+                                           measured if epoch == start else None, replicas)
+            losses = (replicas.total(loss_sums) / n).tolist()
+            train_error = 100.0 * replicas.total(wrong).item() / n
         seconds = time.perf_counter() - began
-        check_finite(losses, epoch, run)
-        row = epoch_row(epoch, lr, losses, 100.0 * wrong.item() / len(train_split),
-                        evaluate(net, test_split, config.precision), seconds)
-        metrics.append(row)
-        run.save_epoch(net.state_dict(), optimizer.state_dict(), epoch, metrics)
-        log(epoch_line(row, config.epochs, len(train_split)))
-        if budget.stop_after(epoch, config.epochs, time.perf_counter() - began):
+        stop = None
+        if replicas.writer:
+            check_finite(losses, epoch, opened.run)
+            row = epoch_row(epoch, lr, losses, train_error, evaluate(net, opened.test, config.precision),
+                            seconds) | replicas.row
+            metrics.append(row)
+            opened.run.save_epoch(net.state_dict(), optimizer.state_dict(), epoch, metrics)
+            log(epoch_line(row, config.epochs, n))
+            stop = budget.stop_after(epoch, config.epochs, time.perf_counter() - began)
+        if replicas.agree(stop):
             log(f"stopped after epoch {epoch}/{config.epochs}; continue with --resume")
             return None
 
-    summary = summarise(metrics, len(train_split), measured, memory, train_split.nbytes + test_split.nbytes)
-    run.finish(net.state_dict(), summary)
+    if not replicas.writer:
+        return None
+    summary = summarise(metrics, n, measured, memory, opened.train.nbytes + opened.test.nbytes)
+    opened.run.finish(net.state_dict(), summary)
     return summary
 
 

@@ -10,7 +10,8 @@ import torch
 from conftest import run_cli
 from experiments.train_pipeline import rank_job
 from infopro.errors import InfoProError
-from infopro.module_parallel import ideal_speedup, spawn_ranks
+from infopro.distributed import spawn_ranks
+from infopro.module_parallel import ideal_speedup
 from infopro.train import TrainConfig, train
 
 SMALL = dict(dataset="synthetic", train_subset=320, test_subset=128, epochs=2, batch_size=64, lr=0.05,

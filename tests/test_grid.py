@@ -1,0 +1,59 @@
+"""The grid runner: separate processes, finished runs skipped, partial ones resumed, budgets kept."""
+
+import json
+
+import pandas as pd
+
+from conftest import run_cli
+from infopro.grid import measure_jobs, run_grid, run_state
+from infopro.train import TrainConfig, train
+
+TINY = dict(dataset="synthetic", train_subset=200, test_subset=100, epochs=2, batch_size=100, lr=0.05,
+            warmup_epochs=0)
+CONFIGS = [TrainConfig(regime="e2e", **TINY), TrainConfig(regime="greedy", K=2, **TINY)]
+
+
+def test_a_grid_runs_its_runs_resumes_partial_ones_and_skips_finished_ones(tmp_path):
+    train(CONFIGS[1], tmp_path / CONFIGS[1].run_id(), device="cpu", stop_after_epoch=1, log=lambda line: None)
+    assert [run_state(c, tmp_path) for c in CONFIGS] == ["missing", "partial (1/2 epochs)"]
+    lines = []
+    states = run_grid(CONFIGS, tmp_path, jobs=2, device="cpu", log=lines.append)
+    assert list(states.values()) == ["done", "done"]
+    resumed = json.loads((tmp_path / CONFIGS[1].run_id() / "config.json").read_text())
+    assert len(resumed["resumed"]) == 1 and len(pd.read_csv(tmp_path / CONFIGS[1].run_id() / "metrics.csv")) == 2
+    assert (tmp_path / "logs" / f"{CONFIGS[0].run_id()}.log").read_text().count("epoch ") >= 2
+
+    again = []
+    run_grid(CONFIGS, tmp_path, jobs=2, device="cpu", log=again.append)
+    assert again == ["2 of 2 runs done; 0 to run, 2 at a time"]
+
+
+def test_a_budget_too_short_for_a_run_starts_nothing(tmp_path):
+    states = run_grid(CONFIGS, tmp_path, time_budget=30, device="cpu", log=lambda line: None)
+    assert list(states.values()) == ["missing", "missing"]
+    assert not any(path.name != "logs" for path in tmp_path.iterdir())
+
+
+def test_a_failing_run_is_reported_with_its_message_and_the_others_go_on(tmp_path):
+    missing_data = TrainConfig(regime="e2e", **{**TINY, "dataset": "cifar10"})
+    lines = []
+    states = run_grid([missing_data, CONFIGS[0]], tmp_path, jobs=1, device="cpu", data_root=tmp_path / "nothing",
+                      log=lines.append)
+    assert states == {missing_data.run_id(): "missing", CONFIGS[0].run_id(): "done"}
+    assert any("missing (exit 2: error:" in line and "CIFAR-10" in line for line in lines), lines
+
+
+def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):
+    rows = measure_jobs(CONFIGS[0], [1, 2], tmp_path, device="cpu")
+    assert [row["jobs"] for row in rows] == [1, 2] and sum(row["best"] for row in rows) == 1
+    assert all(row["images_per_second"] > 0 for row in rows)
+    assert rows[1]["images_per_second"] == 2 * rows[1]["images_per_second_per_run"]
+
+
+def test_status_lists_every_run_of_the_grid(tmp_path):
+    done = run_cli("experiments.grid", "table2-resnet32", "--seeds", "0", "--status", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 13 and all(line.startswith("missing") for line in lines)
+    refused = run_cli("experiments.grid", "table2-resnet32", "--measure-jobs", "0", "--out", str(tmp_path))
+    assert refused.returncode == 2 and refused.stderr.strip() == "error: --measure-jobs takes counts of 1 or more"
