@@ -131,7 +131,6 @@ def last_line(root: Path, config: TrainConfig) -> str:
     return lines[-1] if lines else "no output"
 
 
-
 def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "auto", data_root=None,
                  epochs: int = 2) -> list[dict]:
     """Aggregate training images/s with N copies of `config` running at once, for each N in `counts`.

@@ -31,7 +31,6 @@ DECODER_WIDTH = 12          # decoder hidden channels (--aux_net_widen 1)
 TEMPERATURE = 0.07          # supervised-contrastive temperature (= base temperature)
 
 
-
 def upcast(t: torch.Tensor) -> torch.Tensor:
     """`t` in at least fp32: losses and statistics are not computed in bf16 (float64 stays float64)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
