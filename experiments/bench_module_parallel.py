@@ -14,15 +14,13 @@ Writes results/bench/module-parallel-<arch>-<regime>-b<batch>-<device>.csv with 
 import tempfile
 from pathlib import Path
 
-import pandas as pd
-
-from infopro.bench import device_slug
+from infopro.bench import device_slug, write_measurement
 from infopro.cli import ArgumentParser, run
 from infopro.data import DATASETS
 from infopro.local import REGIMES
 from infopro.models import ARCHS
 from infopro.module_parallel import compare_throughput
-from infopro.records import provenance, write_csv
+from infopro.records import provenance
 from infopro.train import TrainConfig, resolve_device
 
 
@@ -50,9 +48,7 @@ def main(argv=None):
     context = {"arch": args.arch, "dataset": args.dataset, "train_images": args.train_subset,
                "batch_size": args.batch_size} | provenance(device)
     path = Path(args.out) / f"module-parallel-{args.arch}-{args.regime}-b{args.batch_size}-{device_slug(device)}.csv"
-    write_csv(path, [row | context for row in rows])
-    print(pd.DataFrame(rows).to_string(index=False))
-    print(f"wrote {path}")
+    write_measurement(path, rows, context)
 
 
 if __name__ == "__main__":

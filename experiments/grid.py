@@ -15,14 +15,12 @@ figures build on a machine without a GPU (2.3 h of training on 2 CPU cores, meas
 import tempfile
 from pathlib import Path
 
-import pandas as pd
-
-from infopro.bench import device_slug
+from infopro.bench import device_slug, write_measurement
 from infopro.cli import ArgumentParser, run
 from infopro.data import DATASETS
 from infopro.errors import InfoProError
 from infopro.grid import GRIDS, get_grid, measure_jobs, run_grid, run_state
-from infopro.records import provenance, write_csv
+from infopro.records import provenance
 from infopro.train import resolve_device
 
 
@@ -72,9 +70,7 @@ def report_jobs(args, config) -> None:
         rows = measure_jobs(config, args.measure_jobs, folder, device.type, args.data_root)
     context = {"grid": args.grid, "run_id": config.run_id(), "measured_epochs": 2} | provenance(device)
     path = Path(args.bench_out) / f"grid-jobs-{args.grid}-{device_slug(device)}.csv"
-    write_csv(path, [row | context for row in rows])
-    print(pd.DataFrame(rows).to_string(index=False))
-    print(f"wrote {path}")
+    write_measurement(path, rows, context)
 
 
 if __name__ == "__main__":

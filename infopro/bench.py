@@ -30,6 +30,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -39,7 +40,7 @@ from infopro.data import augmented_batch
 from infopro.errors import InfoProError
 from infopro.local import run_layers
 from infopro.memory import PeakTensorMemory, SavedActivations
-from infopro.records import REPO_ROOT, device_name
+from infopro.records import REPO_ROOT, device_name, write_csv
 from infopro.splits import PAPER_SPLITS
 from infopro.train import TrainConfig, build_net, configure_backends, place, train_step
 
@@ -275,6 +276,13 @@ def summary_table(table: pd.DataFrame) -> str:
                      f"{pct(row, 'peak_step_tensor_bytes'):>6}{mib(row['peak_saved_activation_bytes']):>11}"
                      f"{pct(row, 'peak_saved_activation_bytes'):>6}")
     return "\n".join(lines)
+
+
+def write_measurement(path: Path, rows: list[dict], context: dict) -> None:
+    """A measurement's rows, each with its context (provenance), to a CSV; the rows printed as a table."""
+    write_csv(path, [row | context for row in rows])
+    print(pd.DataFrame(rows).to_string(index=False))
+    print(f"wrote {path}")
 
 
 def device_slug(device: torch.device) -> str:

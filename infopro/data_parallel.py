@@ -59,27 +59,24 @@ class RankSums:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        self.batch_size = None  # of the current step, set by `DataParallel.share`
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return _SumOverRanks.apply(tensor, self.group)
 
     def gather_batch(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], int]:
-        """Every rank's rows of each tensor, in rank order, and the offset of this rank's rows.
+        """Every rank's rows of each tensor (this rank's shard), in rank order, and where this rank's rows start.
 
-        Shards may differ in size: each rank places its rows in a zero tensor of the global
-        batch's length at its offset, and a sum across ranks fills it.
+        Each rank places its rows in a zero tensor of the global batch's length at its offset,
+        and a sum across ranks fills it: shards may differ in size, and no host sync is needed.
         """
-        sizes = torch.zeros(self.world_size, dtype=torch.long, device=tensors[0].device)
-        sizes[self.rank] = len(tensors[0])
-        dist.all_reduce(sizes, group=self.group)
-        sizes = sizes.tolist()
-        offset, after = sum(sizes[:self.rank]), sum(sizes[self.rank + 1:])
+        rows = shard(self.batch_size, self.rank, self.world_size)
         gathered = []
         for tensor in tensors:
-            before_rows = tensor.new_zeros((offset, *tensor.shape[1:]))
-            after_rows = tensor.new_zeros((after, *tensor.shape[1:]))
-            gathered.append(self.sum(torch.cat([before_rows, tensor, after_rows])))
-        return gathered, offset
+            before = tensor.new_zeros((rows.start, *tensor.shape[1:]))
+            after = tensor.new_zeros((self.batch_size - rows.stop, *tensor.shape[1:]))
+            gathered.append(self.sum(torch.cat([before, tensor, after])))
+        return gathered, rows.start
 
 
 class GlobalBatchNorm2d(nn.BatchNorm2d):
@@ -196,6 +193,7 @@ class DataParallel(OneProcess):
 
     def share(self, batch_size: int) -> tuple[slice, float]:
         """This rank's rows, and the weight R·n_r/B that makes DDP's average the global mean's gradient."""
+        self.sums.batch_size = batch_size
         rows = shard(batch_size, self.me.rank, self.me.world_size)
         return rows, self.me.world_size * (rows.stop - rows.start) / batch_size
 
