@@ -8,7 +8,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: setup test fig7 fig8 fig10 fig_memory figures table2 table3 tables probes mutual-info bench bench-module-parallel fixture
+.PHONY: setup test fig7 fig8 fig10 fig_memory figures table2 table3 tables probes mutual-info bench bench-module-parallel reproduce fixture
 
 setup:
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
@@ -37,6 +37,11 @@ bench:
 # Images/s of module-parallel training (one rank per module) vs the synchronous trainer, K = 2 and 4.
 bench-module-parallel:
 	$(PYTHON) -m experiments.bench_module_parallel --out $(RESULTS)/bench $(MODULE_PARALLEL_ARGS)
+
+# Every GPU result, stage by stage within MINUTES; run it again to continue (DATA_ROOT: the cifar10-jpeg copy).
+MINUTES ?= 25
+reproduce:
+	$(PYTHON) -m experiments.reproduce --time-budget $(MINUTES) --results $(RESULTS) $(DATA)
 
 # The small real fixture committed in results/ (CPU; needs the cifar10-jpeg copy in .data/ or DATA_ROOT).
 fixture:

@@ -20,8 +20,12 @@ the peak bytes of tensors allocated during forward+backward (`PeakTensorMemory`)
 peak saved-activation bytes (`SavedActivations`; not defined for checkpoint/offload, which
 manage saved tensors themselves). Parameters, gradients-to-be and optimizer state are
 reported separately; the benchmark holds one batch, not a dataset, on the device.
+
+Max batch (CUDA): per method, the largest batch that trains under each allocation cap, found
+by real trials in one fresh process per method (`search_max_batches`).
 """
 
+import gc
 import json
 import math
 import re
@@ -139,12 +143,10 @@ class StepTimer:
         return [b - a for a, b in self.marks]
 
 
-def measure(method: Method, arch: str, batch_size: int, precision: str, device: torch.device,
-            steps: int, warmup: int) -> dict:
-    """All measures of one method, in this process (call it in a fresh one)."""
+def prepare_step(method: Method, arch: str, batch_size: int, precision: str, device: torch.device):
+    """A network, its optimizer, one resident batch and the step's forward+backward (no optimizer step)."""
     configure_backends(device)
-    config = method.config(arch, batch_size, precision)
-    net = place(build_net(config), device)
+    net = place(build_net(method.config(arch, batch_size, precision)), device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
     generator = torch.Generator(device=device).manual_seed(0)
     images = torch.randint(0, 256, (batch_size, 3, 32, 32), dtype=torch.uint8, device=device, generator=generator)
@@ -155,6 +157,13 @@ def measure(method: Method, arch: str, batch_size: int, precision: str, device: 
         with method.context(device):
             train_step(net, augmented_batch(images, generator), labels, precision, method.run_segment())
 
+    return net, optimizer, images.nbytes + labels.nbytes, forward_backward
+
+
+def measure(method: Method, arch: str, batch_size: int, precision: str, device: torch.device,
+            steps: int, warmup: int) -> dict:
+    """All measures of one method, in this process (call it in a fresh one)."""
+    net, optimizer, batch_bytes, forward_backward = prepare_step(method, arch, batch_size, precision, device)
     for _ in range(warmup):
         forward_backward()
         optimizer.step()
@@ -177,7 +186,7 @@ def measure(method: Method, arch: str, batch_size: int, precision: str, device: 
     record |= {"parameter_bytes": sum(p.numel() * p.element_size() for p in net.parameters()),
                "optimizer_state_bytes": sum(v.numel() * v.element_size() for state in optimizer.state.values()
                                             for v in state.values() if torch.is_tensor(v)),
-               "batch_bytes": images.nbytes + labels.nbytes, "module_ends": ",".join(map(str, net.ends))}
+               "batch_bytes": batch_bytes, "module_ends": ",".join(map(str, net.ends))}
     return record
 
 
@@ -225,8 +234,6 @@ def run_methods(methods: list[str], arch: str, batch_size: int, precision: str, 
                 warmup: int, timeout: float = 3600, log=print) -> pd.DataFrame:
     """Measure each method in a fresh process; a failing method gets its error, the rest go on."""
     rows = []
-    for label in methods:
-        Method.parse(label)  # refuse a bad name before spending any time
     for label in methods:
         row = {"method": label} | run_in_fresh_process(
             worker_args(label, arch, batch_size, precision, device, steps, warmup), timeout)
@@ -289,31 +296,112 @@ def device_slug(device: torch.device) -> str:
     return "cpu" if device.type == "cpu" else re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
 
 
-def largest_fitting(fits, start: int = 32, limit: int = 1 << 16) -> int:
-    """Largest batch size b with fits(b), assuming fits is monotone: doubling, then bisection to
-    within 2% (or 8 images). Returns 0 when even `start` does not fit."""
-    if not fits(start):
-        return 0
-    low, high = start, None
+def largest_fitting(fits, guess: int = 32, limit: int = 1 << 16) -> int:
+    """Largest batch size b <= limit with fits(b), assuming fits is monotone, to within 2% (or 8 images).
+
+    From `guess` it steps outward, doubling the step each time, until one size fits and a
+    larger one does not; then it bisects. A good guess settles in two or three trials, a bad
+    one costs a few more, never a wrong answer. Returns 0 when nothing down to 8 images fits.
+    """
+    def close_enough(low, high):
+        return high - low <= max(8, low // 50)
+
+    guess, step = min(max(guess, 1), limit), max(8, guess // 50)
+    low, high = (guess, None) if fits(guess) else (None, guess)
     while high is None:
-        candidate = low * 2
-        if candidate > limit:
+        if low == limit:
             return low
-        if fits(candidate):
+        candidate = min(low + step, limit)
+        low, high = (candidate, None) if fits(candidate) else (low, candidate)
+        step *= 2
+    while low is None:
+        candidate = high - step
+        if candidate < 1:
+            low = 0
+        elif fits(candidate):
             low = candidate
         else:
             high = candidate
-    while high - low > max(8, low // 50):
+        step *= 2
+    while not close_enough(low, high):
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low
 
 
-def max_batch(method: str, cap_gib: float, arch: str, precision: str, device: str, log=print) -> int:
-    """Largest batch `method` trains with under a real CUDA allocation cap of `cap_gib` GiB."""
-    def fits(batch_size):
-        args = worker_args(method, arch, batch_size, precision, device, 1, 1) + ["--memory-cap", str(cap_gib)]
-        ok = "error" not in run_in_fresh_process(args, timeout=900)
-        log(f"  {method} batch {batch_size}: {'fits' if ok else 'does not fit'} in {cap_gib:g} GiB")
-        return ok
-    return largest_fitting(fits)
+def predicted_batch(peaks: dict[int, int], cap_bytes: float, fallback: int = 32) -> int:
+    """The batch at which a least-squares line bytes = fixed + per_image * batch through the
+    trials that fit (`peaks`: batch -> peak bytes) reaches `cap_bytes`; `fallback` without a line."""
+    if len(peaks) < 2:
+        return fallback
+    batches = torch.tensor(list(peaks), dtype=torch.float64)
+    bytes_ = torch.tensor(list(peaks.values()), dtype=torch.float64)
+    per_image = ((batches - batches.mean()) * (bytes_ - bytes_.mean())).sum() / ((batches - batches.mean()) ** 2).sum()
+    if per_image <= 0:
+        return fallback
+    fixed = bytes_.mean() - per_image * batches.mean()
+    return max(1, int((cap_bytes - fixed) / per_image))
+
+
+def search_max_batches(peak_bytes, caps_bytes: list[float], calibration=(64, 128)) -> list[int]:
+    """Largest batch under each cap, in the order of `caps_bytes`, for one method.
+
+    `peak_bytes(batch, cap)` trains real steps at `batch` under allocation cap `cap` (None:
+    uncapped) and returns their peak bytes, or None if they ran out of memory. Two uncapped
+    calibration trials, and every trial that fits after them, fit the line each cap's search
+    starts from; real trials alone decide the answer.
+    """
+    peaks = {}
+
+    def fits_under(cap):
+        def fits(batch):
+            peak = peak_bytes(batch, cap)
+            if peak is not None:
+                peaks[batch] = peak
+            return peak is not None
+        return fits
+
+    for batch in calibration:
+        fits_under(None)(batch)
+    return [largest_fitting(fits_under(cap), predicted_batch(peaks, cap)) for cap in caps_bytes]
+
+
+def cuda_peak_bytes(method: Method, arch: str, precision: str, device: torch.device):
+    """`peak_bytes(batch, cap)` for `search_max_batches` on CUDA: two steps at `batch` under a
+    real cap (`set_per_process_memory_fraction`); the allocator's cache is emptied after each trial."""
+    total = torch.cuda.get_device_properties(device).total_memory
+
+    def two_steps(batch):
+        _, optimizer, _, forward_backward = prepare_step(method, arch, batch, precision, device)
+        for _ in range(2):
+            forward_backward()
+            optimizer.step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+
+    def peak_bytes(batch, cap):
+        torch.cuda.set_per_process_memory_fraction(1.0 if cap is None else min(1.0, cap / total), device)
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            peak = two_steps(batch)
+        except torch.OutOfMemoryError:
+            peak = None
+        gc.collect()  # the failed trial's tensors, held by its traceback until here
+        torch.cuda.empty_cache()
+        return peak
+
+    return peak_bytes
+
+
+def max_batches(method: str, caps_gib: list[float], arch: str, precision: str, device: str) -> dict:
+    """{"max_batch": [largest batch under each cap]} of `method` (or {"error": ...}), searched in one
+    fresh process: one per method rather than per trial, so a full search fits in a GPU session.
+
+    `offload` is not searched: its saved activations live in pinned host memory, which the
+    cap does not bound, so its search would end only when the host ran out of memory.
+    """
+    if Method.parse(method).family == "offload":
+        return {"error": "not searched: offload keeps activations in host memory, which a CUDA cap does not bound"}
+    args = ["--worker", method, "--arch", arch, "--precision", precision, "--device", device,
+            "--search-caps", ",".join(map(str, caps_gib))]
+    return run_in_fresh_process(args, timeout=3600)

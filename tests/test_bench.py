@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from infopro.bench import Method, default_methods, largest_fitting, measure, with_ratios
+from infopro.bench import Method, default_methods, largest_fitting, measure, search_max_batches, with_ratios
 from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory
 
@@ -39,10 +39,34 @@ def test_method_names():
     assert not any("balanced" in m for m in default_methods("resnet32"))
 
 
-def test_largest_fitting_batch_is_found_within_two_percent():
-    for cap in (31, 32, 100, 5000):
-        found = largest_fitting(lambda batch: batch <= cap)
-        assert found <= cap and (cap < 32 and found == 0 or cap - found <= max(8, cap // 50))
+def test_largest_fitting_batch_is_found_within_two_percent_from_any_guess():
+    for cap in (5, 31, 32, 100, 5000, 70000):
+        for guess in (32, cap, 3 * cap):
+            found = largest_fitting(lambda batch: batch <= cap, guess)
+            assert found == min(cap, 1 << 16) or found <= cap and cap - found <= max(8, cap // 50), (cap, guess)
+    trials = []
+    assert largest_fitting(lambda batch: trials.append(batch) or batch <= 5000, guess=4990) >= 4900
+    assert len(trials) <= 3  # a good guess settles at once
+
+
+def test_max_batch_search_uses_real_trials_and_few_of_them():
+    """A fake GPU: a fixed part, a per-image part and a workspace that grows faster than linearly,
+    so the calibration line mispredicts; the answers must still be within 2% of the truth."""
+    def true_bytes(batch):
+        return 300e6 + 9e6 * batch + 2e3 * batch ** 2
+
+    trials = []
+
+    def peak_bytes(batch, cap):
+        trials.append((batch, cap))
+        return true_bytes(batch) if cap is None or true_bytes(batch) <= cap else None
+
+    caps = [8 * 2**30, 2 * 2**30, 4 * 2**30]
+    found = search_max_batches(peak_bytes, caps)
+    for cap, batch in zip(caps, found):
+        truth = max(b for b in range(1, 5000) if true_bytes(b) <= cap)
+        assert batch <= truth and truth - batch <= max(8, truth // 50), (cap, batch, truth)
+    assert trials[:2] == [(64, None), (128, None)] and len(trials) <= 2 + 5 * len(caps)
 
 
 def test_every_method_orders_memory_as_theory_says():
@@ -61,7 +85,7 @@ def test_every_method_orders_memory_as_theory_says():
 
 def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     result = run_cli("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods", "e2e",
-                     "infopro:2", "offload", "--pipeline", "--out", str(tmp_path))
+                     "infopro:2", "offload", "--measure", "steps", "pipeline", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     table = pd.read_csv(tmp_path / "resnet32-b32-fp32-cpu.csv").set_index("method")
     assert list(table.index) == ["e2e", "infopro:2", "offload"]
@@ -74,7 +98,11 @@ def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
 
 def test_bench_refuses_bad_input_in_one_line(tmp_path):
     for args, message in ((["--methods", "infopro"], "give K"),
-                          (["--max-batch", "2", "--methods", "e2e", "--device", "cpu", "--quick"], "needs --device cuda")):
+                          (["--measure", "max-batch", "--methods", "e2e", "--device", "cpu"], "needs --device cuda"),
+                          (["--measure", "max-batch", "--methods", "e2m", "--device", "cpu"], "unknown method"),
+                          (["--caps", "2,four"], "comma-separated list of GiB"),
+                          (["--caps", "0"], "must be positive"),
+                          (["--measure", "speed"], "invalid choice")):
         result = run_cli("experiments.bench", *args, "--out", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr

@@ -1,0 +1,43 @@
+"""Every result of this repository that needs a GPU, in order of value, within a time budget; call again to continue.
+
+    python -m experiments.reproduce --time-budget 25 --data-root .data   # one GPU lease
+    python -m experiments.reproduce --plan                                # which stages are done
+
+Stages (infopro/reproduce.py): table3 (`experiments.bench --measure steps pipeline`), module-parallel
+(`experiments.bench_module_parallel` on the GPU), max-batch, grid-jobs, and table2 (the
+table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160 epochs, resumed across calls). They
+feed Table 3, fig_memory, the module-parallel and max-batch CSVs, Table 2 and fig7; fig8 and
+fig10 follow from `make probes mutual-info figures tables`. Each stage is skipped once its
+results exist; a failing stage is reported and the next one runs. GPU time: not yet measured.
+"""
+
+from pathlib import Path
+
+from infopro.cli import ArgumentParser, run
+from infopro.errors import InfoProError
+from infopro.reproduce import run_stages, stages
+from infopro.train import resolve_device
+
+
+def main(argv=None):
+    p = ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0])
+    p.add_argument("--time-budget", type=float, metavar="MIN", help="start nothing that would not end within MIN minutes")
+    p.add_argument("--data-root", help="folder or archive holding the cifar10-jpeg copy")
+    p.add_argument("--results", default="results", help="the results folder (bench/ and runs/ inside)")
+    p.add_argument("--plan", action="store_true", help="list the stages, done or to do, and exit")
+    args = p.parse_args(argv)
+    plan = stages(Path(args.results), args.data_root)
+    if args.plan:
+        for stage in plan:
+            print(f"{'done' if stage.done() else 'to do':<6} {stage.name:<16} {stage.description}")
+        return
+    if args.time_budget is None:
+        raise InfoProError("give --time-budget MIN (the minutes this GPU is yours), or --plan")
+    resolve_device("cuda")
+    failed = run_stages(plan, args.time_budget)
+    if failed:
+        raise InfoProError(f"stages that failed: {', '.join(failed)} (their output is above)")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,110 @@
+"""Everything this repository needs a GPU for, as stages run in order of value within a time budget.
+
+GPU time comes in short leases, so the work is cut into stages, each skipped once the file it
+writes exists (the grid resumes its partial runs): calling again continues where the last
+call stopped. The order puts first what one lease can finish: the Table 3 benchmark and the
+input-pipeline comparison, the module-parallel throughput, the max-batch search, the grid's
+--jobs measurement, and then the Table 2 grid with whatever time is left. The analysis of
+finished runs (probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well
+(`make probes mutual-info figures tables`).
+"""
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from infopro.grid import get_grid, run_state
+from infopro.records import REPO_ROOT
+
+GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
+MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
+                     "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One piece of GPU work: `done()` says whether its results exist; `command(minutes_left)`
+    is the command line that makes them; it is started only with at least `minutes` left."""
+
+    name: str
+    description: str
+    done: Callable[[], bool]
+    command: Callable[[float], list[str]]
+    minutes: float
+
+
+def gpu_files(folder: Path, pattern: str) -> list[Path]:
+    """Files matching `pattern` that were measured on a GPU (every CSV name carries its device)."""
+    return [path for path in sorted(folder.glob(pattern)) if "-cpu" not in path.stem]
+
+
+def best_jobs(bench: Path) -> int:
+    """The number of concurrent trainings that gave the most images/s on a GPU (1 if unmeasured)."""
+    files = gpu_files(bench, f"grid-jobs-{GRID}-*.csv")
+    if not files:
+        return 1
+    table = pd.read_csv(files[-1])
+    return int(table.loc[table["best"], "jobs"].iloc[0])
+
+
+def stages(results: Path, data_root: str | None) -> list[Stage]:
+    """The GPU stages in the order they run; `results` is the repository's results/ folder."""
+    bench, runs = results / "bench", results / "runs"
+    python = [sys.executable, "-m"]
+    data = ["--dataset", GRID_DATASET] + (["--data-root", str(data_root)] if data_root else [])
+    grid = get_grid(GRID).configs(dataset=GRID_DATASET)
+    return [
+        Stage("table3", "every method's step time and memory, ResNet-110, batch 1024, fp32; our input "
+                        "pipeline against a DataLoader",
+              lambda: bool(gpu_files(bench, "resnet110-b1024-fp32-*.csv")
+                           and gpu_files(bench, "pipeline-resnet32-b1024-*.csv")),
+              lambda left: python + ["experiments.bench", "--measure", "steps", "pipeline", "--out", str(bench)],
+              minutes=8),
+        Stage("module-parallel", "images/s of one rank per module against the synchronous trainer, K = 2, 4",
+              lambda: bool(gpu_files(bench, "module-parallel-resnet32-infopro-b1024-*.csv")),
+              lambda left: python + ["experiments.bench_module_parallel", "--device", "cuda", "--batch-size", "1024",
+                                     "--train-subset", "50000", *data, "--out", str(bench)],
+              minutes=5),
+        Stage("max-batch", "largest batch under 2, 4 and 8 GiB, ResNet-110",
+              lambda: bool(gpu_files(bench, "resnet110-fp32-*-maxbatch.csv")),
+              lambda left: python + ["experiments.bench", "--measure", "max-batch", "--caps", "2,4,8",
+                                     "--methods", *MAX_BATCH_METHODS, "--out", str(bench)],
+              minutes=10),
+        Stage("grid-jobs", f"how many trainings at once fill the GPU ({GRID})",
+              lambda: bool(gpu_files(bench, f"grid-jobs-{GRID}-*.csv")),
+              lambda left: python + ["experiments.grid", GRID, *data, "--measure-jobs", "1", "2", "4", "6",
+                                     "--bench-out", str(bench)],
+              minutes=4),
+        Stage("table2", f"the {GRID} grid on {GRID_DATASET}, every seed, resumable",
+              lambda: all(run_state(config, runs) == "done" for config in grid),
+              lambda left: python + ["experiments.grid", GRID, *data, "--jobs", str(best_jobs(bench)),
+                                     "--time-budget", f"{left:.1f}", "--out", str(runs)],
+              minutes=2),
+    ]
+
+
+def run_stages(plan: list[Stage], minutes: float, log=print) -> list[str]:
+    """Run each unfinished stage in order while time is left; returns the names of those that failed.
+
+    A stage that fails is reported and the next one starts: one broken measurement must not
+    cost the rest of a lease.
+    """
+    deadline = time.monotonic() + 60 * minutes
+    failed = []
+    for stage in plan:
+        left = (deadline - time.monotonic()) / 60
+        if stage.done():
+            log(f"[{stage.name}] done already")
+        elif left < stage.minutes:
+            log(f"[{stage.name}] skipped: {left:.1f} min left, it needs about {stage.minutes:g}")
+        else:
+            log(f"[{stage.name}] {stage.description} ({left:.1f} min left)")
+            if subprocess.run(stage.command(left), cwd=REPO_ROOT).returncode != 0:
+                failed.append(stage.name)
+                log(f"[{stage.name}] failed; going on")
+    return failed

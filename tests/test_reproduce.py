@@ -1,0 +1,54 @@
+"""The GPU plan: stages skip what exists, respect the budget, survive a failing stage; its CLI."""
+
+import sys
+
+import pandas as pd
+
+from conftest import run_cli
+from infopro.reproduce import Stage, best_jobs, run_stages, stages
+
+
+def python_stage(name: str, code: str, done=lambda: False, minutes: float = 0) -> Stage:
+    return Stage(name, name, done, lambda left: [sys.executable, "-c", code], minutes)
+
+
+def test_stages_run_in_order_skip_done_and_too_long_ones_and_survive_a_failure(tmp_path):
+    marker = tmp_path / "ran"
+    plan = [python_stage("finished", "raise SystemExit('must not run')", done=lambda: True),
+            python_stage("broken", "raise SystemExit(1)"),
+            python_stage("too-long", "raise SystemExit('must not run')", minutes=60),
+            python_stage("works", f"open({str(marker)!r}, 'w').write('ok')")]
+    lines = []
+    assert run_stages(plan, minutes=5, log=lines.append) == ["broken"]
+    assert marker.read_text() == "ok"
+    assert [line.split("]")[0].lstrip("[") for line in lines] == ["finished", "broken", "broken", "too-long", "works"]
+    assert "done already" in lines[0] and "failed" in lines[2] and "skipped" in lines[3]
+
+
+def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_time(tmp_path):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
+    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "table2"]
+    assert not any(stage.done() for stage in plan.values())
+    for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-cpu.csv"):
+        (bench / name).touch()
+    assert not plan["table3"].done()  # CPU measurements do not count
+    for name in ("resnet110-b1024-fp32-nvidia-h100.csv", "pipeline-resnet32-b1024-nvidia-h100.csv"):
+        (bench / name).touch()
+    assert plan["table3"].done()
+    assert best_jobs(bench) == 1
+    pd.DataFrame({"jobs": [1, 2, 4], "best": [False, True, False]}).to_csv(
+        bench / "grid-jobs-table2-resnet32-nvidia-h100.csv", index=False)
+    command = plan["table2"].command(12.5)
+    assert command[command.index("--jobs") + 1] == "2" and command[command.index("--time-budget") + 1] == "12.5"
+    assert command[command.index("--dataset") + 1] == "cifar10-jpeg" and ".data" in command
+
+
+def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
+    result = run_cli("experiments.reproduce", "--plan", "--results", str(tmp_path))
+    assert result.returncode == 0 and len(result.stdout.splitlines()) == 5
+    assert all(line.startswith("to do") for line in result.stdout.splitlines())
+    for args, message in (([], "--time-budget"), (["--time-budget", "5"], "no CUDA device")):
+        result = run_cli("experiments.reproduce", *args, "--results", str(tmp_path))
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
