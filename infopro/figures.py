@@ -11,6 +11,7 @@ import pandas as pd
 
 from infopro import plots, tables
 from infopro.errors import InfoProError
+from infopro.models import ARCHS
 from infopro.runs import runs_table
 
 # How to make each input, and what it cost when we made it (see README, "What each step costs").
@@ -50,9 +51,13 @@ def load_mutual_info(results) -> pd.DataFrame:
 
 
 def load_bench(results) -> pd.DataFrame:
-    """One benchmark table per architecture: CUDA measurements over CPU ones, then the largest batch."""
+    """One benchmark table per architecture: CUDA measurements over CPU ones, then the largest batch.
+
+    Step tables are the files named <arch>-b<batch>-<precision>-<device>.csv; the other CSVs in
+    bench/ (max batch, pipeline, module-parallel, grid jobs) are other measurements.
+    """
     files = [path for path in sorted((Path(results) / "bench").glob("*.csv"))
-             if not path.name.startswith(("pipeline-", "module-parallel-")) and not path.stem.endswith("-maxbatch")]
+             if any(path.name.startswith(f"{arch}-b") for arch in ARCHS)]
     if not files:
         raise InfoProError(f"{Path(results) / 'bench'} holds no benchmark CSV: {HOW_TO_MAKE['bench']}")
     tables = [pd.read_csv(path).assign(source_file=path.name) for path in files]
@@ -70,6 +75,21 @@ def table3_bench(results) -> pd.DataFrame:
     bench = load_bench(results)
     arch = "resnet110" if "resnet110" in set(bench["arch"]) else bench["arch"].iloc[0]
     return bench[bench["arch"] == arch]
+
+
+def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
+    """The max-batch search of the step table's architecture, precision and GPU, if it was run."""
+    first = bench.iloc[0]
+    prefix = f"{first['arch']}-b{first['batch_size']}-{first['precision']}-"
+    device = first["source_file"].removeprefix(prefix).removesuffix(".csv")
+    path = Path(results) / "bench" / f"{first['arch']}-{first['precision']}-{device}-maxbatch.csv"
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def table3(results) -> tuple[pd.DataFrame, str]:
+    bench = table3_bench(results)
+    return tables.table3(bench, runs_or_empty(results), load_reference(results, "table3"),
+                         load_max_batch(results, bench))
 
 
 def runs_or_empty(results) -> pd.DataFrame:
@@ -90,7 +110,7 @@ FIGURES = {
 }
 TABLES = {
     "table2": lambda r: tables.table2(load_runs(r), load_reference(r, "table2")),
-    "table3": lambda r: tables.table3(table3_bench(r), runs_or_empty(r), load_reference(r, "table3")),
+    "table3": table3,
 }
 TARGETS = (*FIGURES, *TABLES)
 

@@ -126,8 +126,10 @@ def memory_column(bench: pd.DataFrame) -> tuple[str, str]:
     return "peak_step_tensor_bytes", "peak bytes of tensors the step allocates (exact, device-independent)"
 
 
-def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Memory, time overhead and test error per method, ours beside the paper's Table 3."""
+def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
+           max_batch: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
+    """Memory, time overhead and test error per method, ours beside the paper's Table 3; with
+    `max_batch` (the search's CSV), each method's largest batch under each cap as well."""
     measured = bench[bench["error"].isna()] if "error" in bench else bench
     measured = measured.set_index("method")
     order = [m for m in TABLE3_METHODS if m in measured.index]
@@ -149,9 +151,22 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame) -> 
             "paper: memory (GB)": "–" if ref is None else f"{ref['memory_gb']:.2f}",
             "paper: time": "–" if ref is None or pd.isna(ref["overhead_wall_pct"]) else f"+{ref['overhead_wall_pct']:.1f}%",
             "paper: error (%)": "–" if ref is None else mean_std(ref["error_mean"], ref["error_std"]),
-        })
+        } | largest_batches(max_batch, method))
     caption = (f"Table 3, {first['arch']}, batch {first['batch_size']}, {first['precision']} on {first['device_name']}: "
                f"ours = {described}; median step time over {first['steps']} steps after {first['warmup']} warm-up "
                f"step(s), each method in a fresh process; errors from our training runs where they exist. "
                f"Paper: Titan Xp, 'minimally required' memory (method unpublished), cifar10.")
+    if max_batch is not None:
+        caption += (" Max batch: the largest batch that trains under a real CUDA allocation cap, to within 2% "
+                    "(– : not searched; offload's activations live in host memory, which the cap does not bound).")
     return pd.DataFrame(rows), caption
+
+
+def largest_batches(max_batch: pd.DataFrame | None, method: str) -> dict:
+    """{"ours: max batch in C GiB": batch} for each cap of the search ({} when it was not run)."""
+    if max_batch is None:
+        return {}
+    found = max_batch[(max_batch["method"] == method) & max_batch["max_batch"].notna()]
+    found = dict(zip(found["cap_gib"], found["max_batch"]))
+    return {f"ours: max batch in {cap:g} GiB": f"{int(found[cap])}" if cap in found else "–"
+            for cap in sorted(max_batch["cap_gib"].unique())}

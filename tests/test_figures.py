@@ -30,6 +30,22 @@ def test_every_target_builds_from_the_committed_results(target, results_copy):
     assert paths and all(path.stat().st_size > 0 for path in paths)
 
 
+def test_table3_shows_the_max_batch_search_and_ignores_other_bench_csvs(tmp_path):
+    """Stand-in CSVs of the other measurements in bench/ (their real ones come from a GPU)."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    pd.DataFrame({"jobs": [1, 2], "images_per_second": [1.0, 2.0], "best": [False, True]}).to_csv(
+        results / "bench" / "grid-jobs-table2-resnet32-cpu.csv", index=False)
+    pd.DataFrame({"method": ["e2e", "e2e", "checkpoint", "offload"], "cap_gib": [2.0, 4.0, 2.0, 2.0],
+                  "max_batch": [200, 410, 900, None], "error": [None, None, None, "not searched"]}).to_csv(
+        results / "bench" / "resnet110-fp32-cpu-maxbatch.csv", index=False)
+    build("fig_memory", results)
+    build("table3", results)
+    table = pd.read_csv(results / "tables" / "table3.csv", dtype=str).set_index("method")
+    assert list(table.loc["e2e", ["ours: max batch in 2 GiB", "ours: max batch in 4 GiB"]]) == ["200", "410"]
+    assert table.loc["checkpoint", "ours: max batch in 4 GiB"] == "–" and table.loc["offload", "ours: max batch in 2 GiB"] == "–"
+
+
 def test_make_fig8_works_right_after_set_up(tmp_path):
     shutil.copytree(RESULTS, tmp_path / "results", ignore=shutil.ignore_patterns("*.pt", "logs", "figures"))
     result = subprocess.run(["make", "fig8", f"RESULTS={tmp_path / 'results'}"], cwd=REPO,
