@@ -24,7 +24,7 @@ from infopro.records import provenance
 from infopro.train import TrainConfig, resolve_device
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = ArgumentParser(prog="python -m experiments.bench_module_parallel", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="resnet32", choices=ARCHS)
     p.add_argument("--regime", default="infopro", choices=REGIMES[1:])
@@ -36,7 +36,11 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--out", default="results/bench")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     device = resolve_device(args.device)
     rows = []
     for K in args.K:

@@ -1,5 +1,6 @@
 """The GPU plan: stages skip what exists, respect the budget, survive a failing stage; its CLI."""
 
+import importlib
 import sys
 
 import pandas as pd
@@ -52,3 +53,11 @@ def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     for args, message in (([], "--time-budget"), (["--time-budget", "5"], "no CUDA device")):
         result = run_cli("experiments.reproduce", *args, "--results", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_stage_command_is_accepted_by_its_entry_point(tmp_path):
+    """A typo in a stage would cost a GPU lease: each command line must parse."""
+    for stage in stages(tmp_path, ".data"):
+        command = stage.command(10.0)
+        assert command[:2] == [sys.executable, "-m"]
+        importlib.import_module(command[2]).parse_args(command[3:])
