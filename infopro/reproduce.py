@@ -104,7 +104,10 @@ def run_stages(plan: list[Stage], minutes: float, log=print) -> list[str]:
             log(f"[{stage.name}] skipped: {left:.1f} min left, it needs about {stage.minutes:g}")
         else:
             log(f"[{stage.name}] {stage.description} ({left:.1f} min left)")
-            if subprocess.run(stage.command(left), cwd=REPO_ROOT).returncode != 0:
+            began = time.monotonic()
+            ok = subprocess.run(stage.command(left), cwd=REPO_ROOT).returncode == 0
+            log(f"[{stage.name}] {'finished' if ok else 'failed; going on'} after "
+                f"{(time.monotonic() - began) / 60:.1f} min")
+            if not ok:
                 failed.append(stage.name)
-                log(f"[{stage.name}] failed; going on")
     return failed
