@@ -119,8 +119,8 @@ def main(argv=None):
         print(summary_table(table))
         print(f"wrote {stem}.csv")
     if "max-batch" in args.measure:
-        context = {key: value for key, value in context.items() if key not in ("batch_size", "steps", "warmup")}
-        rows = max_batch_rows(methods, args.caps, args, context)
+        search_context = {key: value for key, value in context.items() if key not in ("batch_size", "steps", "warmup")}
+        rows = max_batch_rows(methods, args.caps, args, search_context)
         path = Path(args.out) / f"{args.arch}-{args.precision}-{device_slug(device)}-maxbatch.csv"
         write_csv(path, rows)
         print(pd.DataFrame(rows).pivot(index="method", columns="cap_gib", values="max_batch"))

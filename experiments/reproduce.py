@@ -21,7 +21,8 @@ from infopro.train import resolve_device
 
 def main(argv=None):
     p = ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0])
-    p.add_argument("--time-budget", type=float, metavar="MIN", help="start nothing that would not end within MIN minutes")
+    p.add_argument("--time-budget", type=float, metavar="MIN",
+                   help="start nothing that would not end within MIN minutes")
     p.add_argument("--data-root", help="folder or archive holding the cifar10-jpeg copy")
     p.add_argument("--results", default="results", help="the results folder (bench/ and runs/ inside)")
     p.add_argument("--plan", action="store_true", help="list the stages, done or to do, and exit")

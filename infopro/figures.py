@@ -87,6 +87,7 @@ def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
 
 
 def table3(results) -> tuple[pd.DataFrame, str]:
+    """Table 3 and its caption: the step table, test errors of runs, the paper's values, max batch if searched."""
     bench = table3_bench(results)
     return tables.table3(bench, runs_or_empty(results), load_reference(results, "table3"),
                          load_max_batch(results, bench))
