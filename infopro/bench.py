@@ -224,10 +224,9 @@ def run_in_fresh_process(args: list[str], timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
-def worker_args(method: str, arch: str, batch_size: int, precision: str, device: str, steps: int,
-                warmup: int) -> list[str]:
-    return ["--worker", method, "--arch", arch, "--batch-size", str(batch_size), "--precision", precision,
-            "--device", device, "--steps", str(steps), "--warmup", str(warmup)]
+def worker_args(method: str, arch: str, precision: str, device: str, *options: str) -> list[str]:
+    """The arguments of one `--worker` process; `options` say what it measures."""
+    return ["--worker", method, "--arch", arch, "--precision", precision, "--device", device, *options]
 
 
 def run_methods(methods: list[str], arch: str, batch_size: int, precision: str, device: str, steps: int,
@@ -236,7 +235,8 @@ def run_methods(methods: list[str], arch: str, batch_size: int, precision: str, 
     rows = []
     for label in methods:
         row = {"method": label} | run_in_fresh_process(
-            worker_args(label, arch, batch_size, precision, device, steps, warmup), timeout)
+            worker_args(label, arch, precision, device, "--batch-size", str(batch_size), "--steps", str(steps),
+                        "--warmup", str(warmup)), timeout)
         rows.append(row)
         log(f"{label:<22} " + (f"error: {row['error']}" if "error" in row else
                                f"{1000 * row['step_seconds']:9.1f} ms/step  "
@@ -402,6 +402,5 @@ def max_batches(method: str, caps_gib: list[float], arch: str, precision: str, d
     """
     if Method.parse(method).family == "offload":
         return {"error": "not searched: offload keeps activations in host memory, which a CUDA cap does not bound"}
-    args = ["--worker", method, "--arch", arch, "--precision", precision, "--device", device,
-            "--search-caps", ",".join(map(str, caps_gib))]
+    args = worker_args(method, arch, precision, device, "--search-caps", ",".join(map(str, caps_gib)))
     return run_in_fresh_process(args, timeout=3600)
