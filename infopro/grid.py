@@ -25,6 +25,9 @@ TABLE2_VARIANTS = (
     + tuple(dict(regime="infopro", task_loss="softmax", K=K) for K in PAPER_KS)
 )
 
+CPU_FIXTURE_RECIPE = dict(arch="resnet32", dataset="cifar10-jpeg", train_subset=10000, test_subset=2000,
+                          epochs=12, batch_size=128, lr=0.1, warmup_epochs=1)
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -50,9 +53,12 @@ GRIDS = {
         "Small real fixture made on CPU so that figures build before GPU runs exist: ResNet-32 on "
         "10,000 cifar10-jpeg training images, 12 epochs, batch 128, lr 0.1; E2E, greedy SL and InfoPro "
         "(contrast) at K=2,4,8,16",
-        dict(arch="resnet32", dataset="cifar10-jpeg", train_subset=10000, test_subset=2000, epochs=12,
-             batch_size=128, lr=0.1, warmup_epochs=1),
-        TABLE2_VARIANTS[:9]),
+        CPU_FIXTURE_RECIPE, TABLE2_VARIANTS[:9]),
+    "cpu-schedule-check": Grid(
+        "Does the CPU fixture's ordering of greedy SL and InfoPro at K=4 hold with a longer schedule? "
+        "The cpu-fixture recipe at 36 epochs (3x) for E2E, greedy SL K=4 and InfoPro (contrast) K=4",
+        CPU_FIXTURE_RECIPE | dict(epochs=36),
+        (TABLE2_VARIANTS[2], TABLE2_VARIANTS[6], TABLE2_VARIANTS[0])),  # the compared pair first
 }
 
 
