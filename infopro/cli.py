@@ -1,6 +1,7 @@
 """Command-line plumbing shared by every entry point: one-line errors, never a traceback."""
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -15,7 +16,10 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def run(main: Callable[[], object]) -> None:
-    """Call `main`; turn user errors and Ctrl-C into one line on stderr and a non-zero exit."""
+    """Call `main`; turn user errors and Ctrl-C into one line on stderr and a non-zero exit.
+
+    A reader that closes the pipe early (`... --status | head`) ends the command quietly.
+    """
     try:
         main()
     except InfoProError as error:
@@ -24,3 +28,7 @@ def run(main: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         print("interrupted: work completed so far is kept", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:
+        # Point stdout at /dev/null so that the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -1,13 +1,15 @@
 """Run directories: resume equivalence, determinism, divergence, and one-line errors."""
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 import torch
 
 import infopro.train
-from conftest import run_cli
+from conftest import REPO, run_cli
 from infopro.errors import DivergedError, RunDirError
 from infopro.train import TrainConfig, train
 
@@ -122,3 +124,12 @@ def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
                      "--batch-size", "64", "--out", str(tmp_path / "b"))
     assert result.returncode == 3 and "non-finite loss" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_reader_closing_the_pipe_early_gets_no_traceback(tmp_path):
+    """`... | head -1`: the listing stops quietly when its reader has read enough."""
+    script = "from infopro.cli import run; run(lambda: [print('run', i) for i in range(100000)])"
+    result = subprocess.run(["bash", "-c", f'"{sys.executable}" -c "{script}" | head -1; exit ${{PIPESTATUS[0]}}'],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.stdout == "run 0\n"
+    assert result.stderr == "" and result.returncode == 1
