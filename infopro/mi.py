@@ -18,9 +18,10 @@ never saw; the epoch is chosen on a validation slice of the training data.
 * I(h,x): predictor = InfoPro's decoder (bilinear up-sampling, conv3x3-BN-ReLU, conv3x3)
   with per-pixel binary cross-entropy against x in [0, 1], i.e. each intensity read as the
   probability of a stochastically binarised pixel; H_V(x) = that cross-entropy for the
-  best image a decoder can produce from an uninformative h (each channel's mean intensity). Reported in nats per image (sum over 3x32x32 values) and
-  as the fraction of the reducible cross-entropy removed: (H_V(x) − BCE(h)) / (H_V(x) −
-  BCE(x, x)), where BCE(x, x), the entropy of the intensities themselves, is what a perfect
+  best image a decoder can produce from an uninformative h (each channel's mean
+  intensity). Reported in nats per image (sum over 3x32x32 values) and as the fraction
+  of the reducible cross-entropy removed: (H_V(x) − BCE(h)) / (H_V(x) − BCE(x, x)),
+  where BCE(x, x), the entropy of the intensities themselves, is what a perfect
   reconstruction would reach. For a deterministic network the Shannon I(h;x) is degenerate
   (infinite for continuous x); this is a measure of how much of x a small decoder can
   recover from h, not a bound on it.
@@ -38,7 +39,6 @@ import torch.nn.functional as F
 from infopro.data import to_unit
 from infopro.local import AuxHead, Decoder
 from infopro.models import init_like_paper
-
 
 
 @dataclass(frozen=True)

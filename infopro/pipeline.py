@@ -11,6 +11,7 @@ start-up of the first do not count against either.
 """
 
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -91,14 +92,8 @@ def compare_pipelines(arch: str, images: int, batch_size: int, device: torch.dev
     for name in ("ours", "reference"):
         net = place(build_net(config), device)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
-        if name == "ours":
-            resident = data.to(device)
-
-            def run():
-                train_epoch(net, optimizer, resident, config, epoch=1, measure=None)
-        else:
-            def run():
-                reference_epoch(net, optimizer, loader, device)
+        run = partial(train_epoch, net, optimizer, data.to(device), config, epoch=1) if name == "ours" \
+            else partial(reference_epoch, net, optimizer, loader, device)
         run()  # warm-up epoch: autotuning, worker start-up
         seconds[name] = timed(device, run)
     return {"arch": arch, "images": images, "batch_size": batch_size, "loader_workers": workers,
