@@ -126,7 +126,7 @@ def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_a_reader_closing_the_pipe_early_gets_no_traceback(tmp_path):
+def test_a_reader_closing_the_pipe_early_gets_no_traceback():
     """`... | head -1`: the listing stops quietly when its reader has read enough."""
     script = "from infopro.cli import run; run(lambda: [print('run', i) for i in range(100000)])"
     result = subprocess.run(["bash", "-c", f'"{sys.executable}" -c "{script}" | head -1; exit ${{PIPESTATUS[0]}}'],
