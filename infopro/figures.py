@@ -17,7 +17,7 @@ from infopro.runs import runs_table
 # How to make each input, and what it cost when we made it (see README, "What each step costs").
 HOW_TO_MAKE = {
     "runs": "train them with `python -m experiments.grid table2-resnet32 --out results/runs` (the paper's "
-            "grid; GPU time not yet measured) or `make fixture` (the small CPU fixture: 2.3 h on 2 CPU cores)",
+            "grid; GPU time not yet measured) or `make fixture` (the small CPU fixture: 3.3 h on 2 CPU cores)",
     "probes": "make it with `make probes` (linear probes of every finished run: 25 s per fixture run on "
               "2 CPU cores; GPU time not yet measured)",
     "bench": "make it with `make bench` (every method in a fresh process; on 2 CPU cores a ResNet-110 "
