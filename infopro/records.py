@@ -63,18 +63,20 @@ def save_torch(path, obj) -> None:
     atomic_write(path, buffer.getvalue())
 
 
-def git_state() -> dict:
+def git_state(root=REPO_ROOT) -> dict:
     """Commit and dirty flag of the source tree; $INFOPRO_GIT_COMMIT when there is no .git.
 
-    Machines that receive a copy of the working tree without its history (a lent GPU, say)
-    set the variable so that their results still name the code that made them.
+    Files under results/ do not count as dirty: they are outputs, and the analyses append to
+    committed CSVs there, which would otherwise mark every row after a run's first as made
+    from uncommitted code. Machines that receive a copy of the working tree without its
+    history (a lent GPU, say) set the variable so that their results still name the code.
     """
     def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
                               timeout=30, check=True).stdout.strip()
     try:
         commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"))
     except (OSError, subprocess.SubprocessError):
         commit = os.environ.get("INFOPRO_GIT_COMMIT", "unknown")
         dirty = os.environ.get("INFOPRO_GIT_DIRTY", "unknown")

@@ -62,8 +62,10 @@ def test_committed_results_are_real_runs_with_provenance():
         provenance = run.record["provenance"]
         assert provenance["git_commit"] not in ("", "unknown") and provenance["git_dirty"] is False
         assert run.record["dataset"]["name"] in ("cifar10", "cifar10-jpeg", "synthetic")
-    probes = pd.read_csv(RESULTS / "analysis" / "linear_probe.csv")
-    assert set(probes["run_id"]) <= {run.run_id for run in runs}
+    for name in ("linear_probe.csv", "mutual_information.csv"):
+        rows = pd.read_csv(RESULTS / "analysis" / name)
+        assert set(rows["run_id"]) <= {run.run_id for run in runs}, name
+        assert not rows["analysis_dirty"].any(), f"{name}: rows made from an uncommitted source tree"
 
 
 @pytest.mark.parametrize("notebook", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)

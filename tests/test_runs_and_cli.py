@@ -11,6 +11,7 @@ import torch
 import infopro.train
 from conftest import REPO, run_cli
 from infopro.errors import DivergedError, RunDirError
+from infopro.records import git_state
 from infopro.train import TrainConfig, train
 
 TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
@@ -133,3 +134,20 @@ def test_a_reader_closing_the_pipe_early_gets_no_traceback():
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.stdout == "run 0\n"
     assert result.stderr == "" and result.returncode == 1
+
+
+def test_only_source_changes_make_a_record_dirty(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "probe.csv").write_text("run_id\n")
+    (tmp_path / "model.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    assert git_state(tmp_path)["git_dirty"] is False
+    (tmp_path / "results" / "probe.csv").write_text("run_id\nrun-a\n")
+    assert git_state(tmp_path)["git_dirty"] is False
+    (tmp_path / "model.py").write_text("x = 2\n")
+    assert git_state(tmp_path)["git_dirty"] is True
