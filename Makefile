@@ -8,7 +8,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: setup test fig7 fig8 fig10 fig_memory figures table2 table3 tables probes mutual-info bench bench-module-parallel reproduce fixture
+.PHONY: setup test fig7 fig8 fig10 fig_memory figures table2 table3 table_schedule tables probes mutual-info bench bench-module-parallel reproduce fixture
 
 setup:
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
@@ -16,12 +16,12 @@ setup:
 test:
 	$(PYTHON) -m pytest
 
-fig7 fig8 fig10 fig_memory table2 table3:
+fig7 fig8 fig10 fig_memory table2 table3 table_schedule:
 	@$(PYTHON) -m analysis.build $@ --results $(RESULTS)
 
 figures: fig7 fig8 fig10 fig_memory
 
-tables: table2 table3
+tables: table2 table3 table_schedule
 
 # Analyses of every finished run in results/runs (skips runs already in the CSV).
 probes:

@@ -12,7 +12,7 @@ import pandas as pd
 from infopro import plots, tables
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
-from infopro.runs import runs_table
+from infopro.runs import find_runs, runs_table, schedule_pairs
 
 # How to make each input, and what it cost when we made it (see README, "What each step costs").
 HOW_TO_MAKE = {
@@ -26,6 +26,9 @@ HOW_TO_MAKE = {
     "mutual-info": "make it with `make mutual-info` (a decoder and a classifier per layer of every finished "
                    "run; the committed fixture's settings, MI_ARGS='--train-subset 2000 --test-subset 1000 --epochs 10', "
                    "took about 4 min per run on 2 CPU cores; GPU time not yet measured)",
+    "schedule-check": "make it with `python -m experiments.grid cpu-schedule-check --device cpu --out "
+                      "results/schedule-check` (the fixture's E2E, greedy SL K=4 and InfoPro (Contrast) K=4 at "
+                      "36 epochs: 80 min per seed on 2 CPU cores), beside `make fixture`'s runs of the same seeds",
 }
 
 
@@ -48,6 +51,16 @@ def load_probes(results) -> pd.DataFrame:
 
 def load_mutual_info(results) -> pd.DataFrame:
     return pd.read_csv(require(Path(results) / "analysis" / "mutual_information.csv", "mutual-info"))
+
+
+def load_schedule_pairs(results) -> pd.DataFrame:
+    """The schedule check's longer runs, each beside its fixture run with fewer epochs."""
+    longer = find_runs(require(Path(results) / "schedule-check", "schedule-check"))
+    pairs = schedule_pairs(find_runs(Path(results) / "runs"), longer)
+    if pairs.empty:
+        raise InfoProError(f"no run under {Path(results) / 'schedule-check'} has a twin with fewer epochs under "
+                           f"{Path(results) / 'runs'}: {HOW_TO_MAKE['schedule-check']}")
+    return pairs
 
 
 def load_bench(results) -> pd.DataFrame:
@@ -112,6 +125,7 @@ FIGURES = {
 TABLES = {
     "table2": lambda r: tables.table2(load_runs(r), load_reference(r, "table2")),
     "table3": table3,
+    "table_schedule": lambda r: tables.schedule_check(load_schedule_pairs(r)),
 }
 TARGETS = (*FIGURES, *TABLES)
 

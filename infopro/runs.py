@@ -109,3 +109,30 @@ def runs_table(root) -> pd.DataFrame:
     """One row per finished run: its description and its summary's numbers."""
     rows = [run.row() | {k: v for k, v in run.summary.items()} for run in find_runs(root)]
     return pd.DataFrame(rows)
+
+
+def schedule_pairs(runs: list[Run], longer: list[Run]) -> pd.DataFrame:
+    """Each run of `longer` beside the run of `runs` with the same config but fewer epochs.
+
+    Everything but the epoch count must match (seed, subsets, λs and warm-up included), so the
+    difference between the two is the schedule's alone. One row per pair: the longer run's
+    description, both epoch counts and both runs' final train and test errors.
+    """
+    def all_but_epochs(run: Run) -> tuple:
+        return tuple((name, value) for name, value in run.config.__dict__.items() if name != "epochs")
+
+    shorter: dict = {}
+    for run in runs:
+        shorter.setdefault(all_but_epochs(run), []).append(run)
+    rows = []
+    for run in longer:
+        for short in shorter.get(all_but_epochs(run), []):
+            if short.config.epochs < run.config.epochs:
+                rows.append(run.row() | {
+                    "batch_size": run.config.batch_size,
+                    "epochs_short": short.config.epochs, "epochs_long": run.config.epochs,
+                    "test_error_short": short.summary["final_test_error"],
+                    "test_error_long": run.summary["final_test_error"],
+                    "train_error_short": short.summary["final_train_error"],
+                    "train_error_long": run.summary["final_train_error"]})
+    return pd.DataFrame(rows)

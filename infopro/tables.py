@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from infopro.errors import InfoProError
 from infopro.plots import METHODS, main_recipe, with_method
 from infopro.records import atomic_write
 
@@ -27,9 +28,8 @@ def table2(runs: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame, s
     arch = runs["arch"].iloc[0]
     ours = runs.groupby(["method", "K"])["final_test_error"].agg(["mean", "std", "count"]).reset_index()
     paper = with_method(reference[(reference["arch"] == arch) & (reference["dataset"] == "cifar10")])
-    merged = ours.merge(paper[["method", "K", "error_mean", "error_std"]], on=["method", "K"], how="left")
-    order = {method: i for i, method in enumerate(METHODS)}
-    merged = merged.sort_values(["method", "K"], key=lambda c: c.map(order) if c.name == "method" else c)
+    merged = in_paper_order(ours.merge(paper[["method", "K", "error_mean", "error_std"]], on=["method", "K"],
+                                       how="left"))
     table = pd.DataFrame({
         "method": [METHODS[m][0] for m in merged["method"]],
         "K": merged["K"],
@@ -42,6 +42,37 @@ def table2(runs: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame, s
     caption = (f"Table 2, {arch}: final-epoch test error, ours ({recipe}; mean ± std over n seeds) "
                f"beside the paper's (cifar10, 160 epochs, batch 1024, mean ± std over 5 seeds).")
     return table.reset_index(drop=True), caption
+
+
+def in_paper_order(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted as the paper's tables: E2E, greedy SL, InfoPro (Contrast), InfoPro (Softmax); K within."""
+    order = {method: i for i, method in enumerate(METHODS)}
+    return df.sort_values(["method", "K"], key=lambda c: c.map(order) if c.name == "method" else c)
+
+
+def schedule_check(pairs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Final errors of the same configurations and seeds at two schedule lengths, side by side.
+
+    `pairs` is `runs.schedule_pairs`: one row per seed. Does the fixture's ordering of the methods
+    hold when they train longer? Each cell is the mean ± std over the n seeds run at both lengths.
+    """
+    lengths = pairs[["epochs_short", "epochs_long"]].drop_duplicates()
+    if len(lengths) != 1:
+        raise InfoProError(f"the schedule check pairs several schedule lengths "
+                           f"({', '.join(f'{a} and {b}' for a, b in lengths.itertuples(index=False))}); "
+                           f"it compares one pair")
+    short, long = lengths.iloc[0]
+    columns = {f"test error (%), {short} epochs": "test_error_short", f"test error (%), {long} epochs": "test_error_long",
+               f"train error (%), {short} epochs": "train_error_short", f"train error (%), {long} epochs": "train_error_long"}
+    rows = [{"method": METHODS[method][0], "K": K, "n": len(group)}
+            | {name: mean_std(group[column].mean(), group[column].std()) for name, column in columns.items()}
+            for (method, K), group in in_paper_order(with_method(pairs)).groupby(["method", "K"], sort=False)]
+    first = pairs.iloc[0]
+    caption = (f"Schedule check, {first['arch']}: final-epoch errors of the same configurations and seeds trained for "
+               f"{short} and {long} epochs ({first['dataset']}, {first['train_images']:,} train / "
+               f"{first['test_images']:,} test images, batch {first['batch_size']}; mean ± std over the n seeds "
+               f"run at both lengths).")
+    return pd.DataFrame(rows), caption
 
 
 def to_markdown(table: pd.DataFrame, caption: str) -> str:

@@ -10,8 +10,9 @@ from nbclient import NotebookClient
 
 from conftest import REPO, run_cli
 from infopro.figures import TARGETS, build
-from infopro.runs import find_runs
-from infopro.tables import to_latex
+from infopro.records import read_json
+from infopro.runs import find_runs, schedule_pairs
+from infopro.tables import mean_std, schedule_check, to_latex
 
 RESULTS = REPO / "results"
 
@@ -58,7 +59,7 @@ def test_make_fig8_works_right_after_set_up(tmp_path):
 def test_committed_results_are_real_runs_with_provenance():
     runs = find_runs(RESULTS / "runs")
     assert runs, "results/runs holds no finished run"
-    for run in runs:
+    for run in runs + find_runs(RESULTS / "schedule-check"):
         provenance = run.record["provenance"]
         assert provenance["git_commit"] not in ("", "unknown") and provenance["git_dirty"] is False
         assert run.record["dataset"]["name"] in ("cifar10", "cifar10-jpeg", "synthetic")
@@ -81,10 +82,36 @@ def test_notebooks_execute_headless(notebook):
 
 def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
     (tmp_path / "runs").mkdir()
-    for target, maker in (("fig8", "make probes"), ("fig10", "make mutual-info"), ("fig7", "experiments.grid")):
+    for target, maker in (("fig8", "make probes"), ("fig10", "make mutual-info"), ("fig7", "experiments.grid"),
+                          ("table_schedule", "grid cpu-schedule-check")):
         result = run_cli("analysis.build", target, "--results", str(tmp_path))
         assert result.returncode == 2 and maker in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_schedule_check_pairs_each_longer_run_only_with_its_twin(tmp_path):
+    """A twin has the same config and seed and fewer epochs; the table averages the pairs over seeds."""
+    from infopro.train import TrainConfig, train
+    tiny = dict(dataset="synthetic", train_subset=64, test_subset=32, batch_size=32, warmup_epochs=1)
+
+    def trained(folder, **config):
+        train(TrainConfig(**tiny, **config), tmp_path / folder, device="cpu", log=lambda line: None)
+
+    for seed in (0, 1):
+        trained(f"runs/e2e-{seed}", regime="e2e", epochs=2, seed=seed)
+        trained(f"longer/e2e-{seed}", regime="e2e", epochs=3, seed=seed)
+    trained("runs/greedy", regime="greedy", K=2, epochs=2)               # no longer twin
+    trained("longer/greedy", regime="greedy", K=2, epochs=3, lr=0.05)     # another lr: not a twin
+    trained("runs/e2e-4-epochs", regime="e2e", epochs=4)                 # more epochs: not shorter
+    pairs = schedule_pairs(find_runs(tmp_path / "runs"), find_runs(tmp_path / "longer"))
+    assert sorted(pairs["seed"]) == [0, 1] and set(pairs["regime"]) == {"e2e"}
+    short = [read_json(tmp_path / f"runs/e2e-{seed}/summary.json")["final_test_error"] for seed in (0, 1)]
+    long = [read_json(tmp_path / f"longer/e2e-{seed}/summary.json")["final_test_error"] for seed in (0, 1)]
+    assert list(pairs.sort_values("seed")["test_error_short"]) == short
+    table, caption = schedule_check(pairs)
+    row = table.iloc[0]
+    assert len(table) == 1 and row["n"] == 2 and "2 and 3 epochs" in caption
+    assert row["test error (%), 3 epochs"] == mean_std(pd.Series(long).mean(), pd.Series(long).std())
 
 
 def test_latex_tables_use_booktabs_and_escape():
