@@ -270,21 +270,10 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
             log(f"{opened.run.path}: already complete ({config.epochs} epochs)")
             return read_json(opened.run.path / "summary.json")
         return None
-    metrics, first_epoch = [], 1
-    if begin["checkpoint"] is not None:
-        net.load_state_dict(begin["checkpoint"]["model"])
-        optimizer.load_state_dict(module_optimizer_state(begin["checkpoint"]["optimizer"], owned[me.rank]))
-        metrics, first_epoch = begin["checkpoint"]["metrics"], begin["checkpoint"]["epoch"] + 1
-        if me.first:
-            log(f"resuming {opened.run.path} after epoch {begin['checkpoint']['epoch']}")
-
-    dtypes = boundary_dtypes(net, config.precision, me.device)
-    ends = net.bounds
-    upstream = None if me.first else Upstream(
-        me, net.backbone.layer_shape(ends[me.rank]), dtypes[me.rank - 1],
-        any(reconstructs_input(net, j) for j in range(me.rank, net.K)))
-    downstream = None if me.last else Downstream(
-        me, max_staleness, any(reconstructs_input(net, j) for j in range(me.rank + 1, net.K)))
+    metrics, first_epoch = resume_module(net, optimizer, begin["checkpoint"], owned[me.rank])
+    if me.first and begin["checkpoint"] is not None:
+        log(f"resuming {opened.run.path} after epoch {first_epoch - 1}")
+    upstream, downstream = open_links(net, me, max_staleness, config.precision)
     sizes = batch_sizes(begin["train_size"], config.batch_size)
     keys = module_state_keys(net, me.rank)
 
@@ -314,17 +303,49 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
         log(f"stopped after epoch {epoch}/{config.epochs}; continue with --resume")
         return None
     summary = summarise(metrics, len(opened.train), {}, {}, opened.train.nbytes + opened.test.nbytes)
-    pipelined = [row for row in metrics if "max_lead" in row]  # epochs the synchronous trainer ran have none
-    summary["module_parallel"] = module_parallel_record(me, max_staleness) | {
-        "ideal_speedup": ideal_speedup([sum(row[f"busy_seconds_m{k + 1}"] for row in pipelined)
-                                        for k in range(net.K)]),
-        "max_lead": max(row["max_lead"] for row in pipelined)}
+    summary["module_parallel"] = module_parallel_record(me, max_staleness) | pipeline_record(metrics, net.K)
     opened.run.finish(net.state_dict(), summary)
     return summary
 
 
+def resume_module(net: LocalNet, optimizer, checkpoint: dict | None, owned: list[int]) -> tuple[list, int]:
+    """Load a checkpoint (either trainer's) into the network and this rank's optimizer.
+
+    Returns the metrics recorded so far and the first epoch to train.
+    """
+    if checkpoint is None:
+        return [], 1
+    net.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(module_optimizer_state(checkpoint["optimizer"], owned))
+    return checkpoint["metrics"], checkpoint["epoch"] + 1
+
+
+def open_links(net: LocalNet, me: Rank, max_staleness: int, precision: str):
+    """This rank's (upstream, downstream) ends; None at the first and last rank respectively.
+
+    A link carries the augmented input x only where some later module reconstructs it.
+    """
+    upstream = None if me.first else Upstream(
+        me, net.backbone.layer_shape(net.bounds[me.rank]), boundary_dtypes(net, precision, me.device)[me.rank - 1],
+        any(reconstructs_input(net, j) for j in range(me.rank, net.K)))
+    downstream = None if me.last else Downstream(
+        me, max_staleness, any(reconstructs_input(net, j) for j in range(me.rank + 1, net.K)))
+    return upstream, downstream
+
+
 def module_parallel_record(me: Rank, max_staleness: int) -> dict:
     return {"ranks": me.world_size, "max_staleness": max_staleness, "backend": me.backend}
+
+
+def pipeline_record(metrics: list[dict], K: int) -> dict:
+    """The ideal K-device speed-up and the largest lead, over the epochs the pipeline trained.
+
+    Epochs the synchronous trainer ran (a resumed run may hold some) have no `max_lead`.
+    """
+    pipelined = [row for row in metrics if "max_lead" in row]
+    return {"ideal_speedup": ideal_speedup([sum(row[f"busy_seconds_m{k + 1}"] for row in pipelined)
+                                            for k in range(K)]),
+            "max_lead": max(row["max_lead"] for row in pipelined)}
 
 
 def open_pipeline_run(config, out, me: Rank, max_staleness, data_root, download, resume):
