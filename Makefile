@@ -8,7 +8,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: setup test fig7 fig8 fig10 fig_memory figures table2 table3 table_schedule tables probes mutual-info bench bench-module-parallel reproduce fixture
+.PHONY: setup test fig7 fig8 fig10 fig_memory fig_schedule figures table2 table3 table_schedule tables probes mutual-info schedule-analysis bench bench-module-parallel reproduce fixture
 
 setup:
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
@@ -16,10 +16,10 @@ setup:
 test:
 	$(PYTHON) -m pytest
 
-fig7 fig8 fig10 fig_memory table2 table3 table_schedule:
+fig7 fig8 fig10 fig_memory fig_schedule table2 table3 table_schedule:
 	@$(PYTHON) -m analysis.build $@ --results $(RESULTS)
 
-figures: fig7 fig8 fig10 fig_memory
+figures: fig7 fig8 fig10 fig_memory fig_schedule
 
 tables: table2 table3 table_schedule
 
@@ -29,6 +29,14 @@ probes:
 
 mutual-info:
 	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS)/runs --out $(RESULTS)/analysis/mutual_information.csv $(DATA) $(MI_ARGS)
+
+# The schedule check's analysis (fig_schedule): probes and I(h,x), I(h,y) of its seed-1 runs (36 epochs)
+# and of their fixture twins (12 epochs), with the fixture's estimator settings; their model.pt are committed.
+SCHEDULE_RUNS ?= e36-b128-s1 K1-n10000-e12-b128-s1 K4-n10000-e12-b128-s1
+SCHEDULE_MI_ARGS ?= --train-subset 2000 --test-subset 1000 --epochs 10
+schedule-analysis:
+	$(PYTHON) -m analysis.probe --runs $(RESULTS) --only $(SCHEDULE_RUNS) --out $(RESULTS)/analysis/schedule-check/linear_probe.csv $(DATA) $(PROBE_ARGS)
+	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS) --only $(SCHEDULE_RUNS) --out $(RESULTS)/analysis/schedule-check/mutual_information.csv $(DATA) $(SCHEDULE_MI_ARGS)
 
 # Memory and speed of every method, each in a fresh process (default: ResNet-110, batch 1024).
 bench:

@@ -29,6 +29,8 @@ HOW_TO_MAKE = {
     "schedule-check": "make it with `python -m experiments.grid cpu-schedule-check --device cpu --out "
                       "results/schedule-check` (the fixture's E2E, greedy SL K=4 and InfoPro (Contrast, Softmax) "
                       "K=4 at 36 epochs: about 2 h per seed on 2 CPU cores), beside `make fixture`'s runs of the same seeds",
+    "schedule-analysis": "make it with `make schedule-analysis` (linear probes, I(h,x) and I(h,y) of the schedule "
+                         "check's seed-1 runs and of their 12-epoch twins: MEASURED on 2 CPU cores)",
 }
 
 
@@ -61,6 +63,17 @@ def load_schedule_pairs(results) -> pd.DataFrame:
         raise InfoProError(f"no run under {Path(results) / 'schedule-check'} has a twin with fewer epochs under "
                            f"{Path(results) / 'runs'}: {HOW_TO_MAKE['schedule-check']}")
     return pairs
+
+
+def load_schedule_analysis(results) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Probe and mutual-information rows of the configurations and seeds analysed after two schedule lengths."""
+    folder = Path(results) / "analysis" / "schedule-check"
+    probes, mi = (plots.paired_schedules(plots.with_method(pd.read_csv(require(folder / name, "schedule-analysis"))))
+                  for name in ("linear_probe.csv", "mutual_information.csv"))
+    if probes.empty or mi.empty:
+        raise InfoProError(f"{folder} holds no configuration analysed after two schedule lengths: "
+                           f"{HOW_TO_MAKE['schedule-analysis']}")
+    return probes, mi
 
 
 def load_bench(results) -> pd.DataFrame:
@@ -121,6 +134,7 @@ FIGURES = {
     "fig8": lambda r: plots.fig8_linear_probes(load_probes(r), load_reference(r, "analysis_figure")),
     "fig10": lambda r: plots.fig10_mutual_information(load_mutual_info(r)),
     "fig_memory": lambda r: plots.fig_memory(load_bench(r), runs_or_empty(r)),
+    "fig_schedule": lambda r: plots.fig_schedule(*load_schedule_analysis(r)),
 }
 TABLES = {
     "table2": lambda r: tables.table2(load_runs(r), load_reference(r, "table2")),

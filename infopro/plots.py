@@ -40,7 +40,7 @@ def method_key(regime: str, task_loss) -> str:
 
 def with_method(df: pd.DataFrame) -> pd.DataFrame:
     """Add a `method` column (e2e, greedy, infopro-contrast, infopro-softmax)."""
-    task = df["task_loss"].fillna("") if "task_loss" in df else ""
+    task = df["task_loss"].astype(object).fillna("") if "task_loss" in df else ""
     return df.assign(method=[method_key(r, t) for r, t in zip(df["regime"], task)])
 
 
@@ -159,10 +159,7 @@ def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
                       "paper, greedy SL (read off)"))
     shared_legend(figure, axes[0, 0], extra)
     first = probes.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(probes, ['method', 'K'])}.",
-           f"Probe: {first['pool']} pooling, multinomial logistic regression (L2 {first['l2']:g}, L-BFGS) fitted on "
-           f"{first['probe_train_images']:,} train images of the frozen network; error on "
-           f"{first['probe_test_images']:,} test images.")
+    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(probes, ['method', 'K'])}.", probe_text(first))
     return figure
 
 
@@ -183,11 +180,76 @@ def fig10_mutual_information(mi: pd.DataFrame) -> Figure:
             layer_axis(ax, label)
     shared_legend(figure, axes[0, 0], [MODULE_END])
     first = mi.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K'])}.",
-           f"Held-out predictive information (infopro/mi.py): I(h,x) from a decoder trained with pixel BCE, "
-           f"as a fraction of the entropy a perfect reconstruction removes; I(h,y) from a 1c2f classifier, "
-           f"as a fraction of H(y) = ln 10. Adam lr {first['est_lr']:g}, {first['est_epochs']} epochs, "
-           f"{first['mi_train_images']:,} train / {first['mi_test_images']:,} test images.")
+    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K'])}.", mutual_info_text(first))
+    return figure
+
+
+def probe_text(row: pd.Series) -> str:
+    """The linear probe's settings, for a footer, from one row of the probe CSV."""
+    return (f"Probe: {row['pool']} pooling, multinomial logistic regression (L2 {row['l2']:g}, L-BFGS) fitted on "
+            f"{row['probe_train_images']:,} train images of the frozen network; error on "
+            f"{row['probe_test_images']:,} test images.")
+
+
+def mutual_info_text(row: pd.Series) -> str:
+    """The I(h,x) and I(h,y) estimators' settings, for a footer, from one row of the mutual-information CSV."""
+    return (f"Held-out predictive information (infopro/mi.py): I(h,x) from a decoder trained with pixel BCE, "
+            f"as a fraction of the entropy a perfect reconstruction removes; I(h,y) from a 1c2f classifier, "
+            f"as a fraction of H(y) = ln 10. Adam lr {row['est_lr']:g}, {row['est_epochs']} epochs, "
+            f"{row['mi_train_images']:,} train / {row['mi_test_images']:,} test images.")
+
+
+def paired_schedules(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the (method, K, seed) analysed after more than one schedule length, so that a
+    difference between lengths is never a difference between seeds."""
+    lengths = df.groupby(["method", "K", "seed"])["epochs"].transform("nunique")
+    return df[lengths > 1]
+
+
+def method_and_k(method: str, K: int) -> str:
+    return METHODS[method][0] if K == 1 else f"{METHODS[method][0]} K = {K}"
+
+
+def schedule_curves(ax, df: pd.DataFrame, value: str) -> None:
+    """One line per method, K and schedule length (mean over seeds): dashed after the fewest
+    epochs, solid after the others; module ends as large markers."""
+    shortest = df["epochs"].min()
+    for (method, K, epochs), group in df.groupby(["method", "K", "epochs"]):
+        means = group.groupby("layer")[value].mean()
+        colour, style = METHODS[method][1], "--" if epochs == shortest else "-"
+        ax.plot(means.index, means.values, color=colour, ls=style, lw=1.4, marker="o", ms=2.5,
+                alpha=0.6 if epochs == shortest else 1.0)
+        ends = sorted(set(group.loc[group["module_end"].astype(bool), "layer"]) | {means.index.max()})
+        ax.scatter(ends, means.loc[ends], s=28, color=colour, edgecolor="black", linewidth=0.8, zorder=3,
+                   alpha=0.6 if epochs == shortest else 1.0)
+
+
+@styled
+def fig_schedule(probes: pd.DataFrame, mi: pd.DataFrame) -> Figure:
+    """The schedule check's analysis: linear-probe error, Î(h,x) and Î(h,y) per layer point of the
+    same configurations and seeds after a short and a longer schedule, so one sees which layers
+    the extra epochs change and whether the methods' order per layer turns with their test errors.
+    Takes the rows of `paired_schedules` (with a `method` column)."""
+    figure, axes = new_figure(12.0, 4.1, 1, 3)
+    panels = ((probes, "test_error", "linear separability", "linear-probe test error (%)"),
+              (mi, "ixx_normalised", "I(h,x)", "Î(h,x) / reducible H(x)"),
+              (mi, "ixy_normalised", "I(h,y)", "Î(h,y) / H(y)"))
+    for ax, (df, value, title, label) in zip(axes[0], panels):
+        schedule_curves(ax, df, value)
+        ax.set_title(title)
+        layer_axis(ax, label)
+    axes[0, 0].set_ylim(bottom=0)
+    methods = probes[["method", "K"]].drop_duplicates().sort_values(["K", "method"])
+    lengths = sorted(probes["epochs"].unique())
+    extra = [(Line2D([], [], color=METHODS[method][1], lw=1.4), method_and_k(method, K))
+             for method, K in methods.itertuples(index=False)]
+    extra += [(Line2D([], [], color="grey", ls="--" if epochs == lengths[0] else "-", lw=1.4), f"{epochs} epochs")
+              for epochs in lengths]
+    shared_legend(figure, axes[0, 0], extra + [MODULE_END])
+    short = probes[probes["epochs"] == lengths[0]].iloc[0]
+    footer(figure, f"{short['arch']}, {short['recipe']} (dashed), and the same configurations and seeds at "
+           f"{' and '.join(str(e) for e in lengths[1:])} epochs (solid); "
+           f"{seeds_text(probes, ['method', 'K', 'epochs'])}.", probe_text(short), mutual_info_text(mi.iloc[0]))
     return figure
 
 

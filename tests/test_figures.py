@@ -9,7 +9,7 @@ import pytest
 from nbclient import NotebookClient
 
 from conftest import REPO, run_cli
-from infopro.figures import TARGETS, build
+from infopro.figures import TARGETS, build, load_schedule_analysis
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs
 from infopro.tables import mean_std, schedule_check, to_latex
@@ -63,9 +63,12 @@ def test_committed_results_are_real_runs_with_provenance():
         provenance = run.record["provenance"]
         assert provenance["git_commit"] not in ("", "unknown") and provenance["git_dirty"] is False
         assert run.record["dataset"]["name"] in ("cifar10", "cifar10-jpeg", "synthetic")
-    for name in ("linear_probe.csv", "mutual_information.csv"):
+    fixture, everywhere = {run.run_id for run in runs}, {run.run_id for run in find_runs(RESULTS)}
+    for name, analysed in (("linear_probe.csv", fixture), ("mutual_information.csv", fixture),
+                           ("schedule-check/linear_probe.csv", everywhere),
+                           ("schedule-check/mutual_information.csv", everywhere)):
         rows = pd.read_csv(RESULTS / "analysis" / name)
-        assert set(rows["run_id"]) <= {run.run_id for run in runs}, name
+        assert set(rows["run_id"]) <= analysed, name
         assert not rows["analysis_dirty"].any(), f"{name}: rows made from an uncommitted source tree"
 
 
@@ -83,7 +86,7 @@ def test_notebooks_execute_headless(notebook):
 def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
     (tmp_path / "runs").mkdir()
     for target, maker in (("fig8", "make probes"), ("fig10", "make mutual-info"), ("fig7", "experiments.grid"),
-                          ("table_schedule", "grid cpu-schedule-check")):
+                          ("table_schedule", "grid cpu-schedule-check"), ("fig_schedule", "make schedule-analysis")):
         result = run_cli("analysis.build", target, "--results", str(tmp_path))
         assert result.returncode == 2 and maker in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
@@ -142,6 +145,27 @@ def test_probes_and_mutual_info_run_end_to_end_on_a_run(tmp_path):
     assert list(mi["layer"]) == [1, 8, 16] and mi["ixy_normalised"].between(-1, 1).all()
     make("fig8", "fig10", "fig7", "table2")
     assert (results / "figures" / "fig10.pdf").exists() and (results / "tables" / "table2.tex").exists()
+
+
+def test_schedule_analysis_draws_only_seeds_analysed_after_both_lengths(tmp_path):
+    """`make schedule-analysis` analyses the runs SCHEDULE_RUNS names in runs/ and schedule-check/;
+    fig_schedule keeps a seed only where it was analysed after both schedule lengths."""
+    from infopro.train import TrainConfig, train
+    results = tmp_path / "results"
+    tiny = dict(regime="greedy", K=2, dataset="synthetic", train_subset=64, test_subset=32, batch_size=32,
+                warmup_epochs=1)
+    for folder, epochs, seed in (("runs/s0", 1, 0), ("runs/s1", 1, 1), ("schedule-check/s0", 2, 0)):
+        train(TrainConfig(**tiny, epochs=epochs, seed=seed), results / folder, device="cpu", log=lambda line: None)
+    made = subprocess.run(["make", "schedule-analysis", "fig_schedule", f"RESULTS={results}", "SCHEDULE_RUNS=synthetic",
+                           "PROBE_ARGS=--layers 1,8,16", "SCHEDULE_MI_ARGS=--layers 1,8,16 --epochs 1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stdout + made.stderr
+    analysed = pd.read_csv(results / "analysis" / "schedule-check" / "mutual_information.csv")
+    assert sorted(zip(analysed["seed"], analysed["epochs"]))[::3] == [(0, 1), (0, 2), (1, 1)]
+    probes, mi = load_schedule_analysis(results)
+    for rows in (probes, mi):
+        assert sorted(set(zip(rows["seed"], rows["epochs"]))) == [(0, 1), (0, 2)]
+    assert (results / "figures" / "fig_schedule.png").stat().st_size > 10_000
 
 
 def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path):
