@@ -27,8 +27,9 @@ HOW_TO_MAKE = {
                    "run; the committed fixture's settings, MI_ARGS='--train-subset 2000 --test-subset 1000 --epochs 10', "
                    "took about 4 min per run on 2 CPU cores; GPU time not yet measured)",
     "schedule-check": "make it with `python -m experiments.grid cpu-schedule-check --device cpu --out "
-                      "results/schedule-check` (the fixture's E2E, greedy SL K=4 and InfoPro (Contrast, Softmax) "
-                      "K=4 at 36 epochs: about 2 h per seed on 2 CPU cores), beside `make fixture`'s runs of the same seeds",
+                      "results/schedule-check` (the fixture's E2E, greedy SL and InfoPro (Contrast, Softmax) at K=4 "
+                      "and 8, 36 epochs: 2 h per seed for E2E and K=4 on 2 CPU cores), beside `make fixture`'s runs of "
+                      "the same seeds",
     "schedule-analysis": "make it with `make schedule-analysis` (linear probes, I(h,x) and I(h,y) of the schedule "
                          "check's seed-1 runs and of their 12-epoch twins: MEASURED on 2 CPU cores)",
 }
