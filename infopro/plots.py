@@ -206,15 +206,28 @@ def paired_schedules(df: pd.DataFrame) -> pd.DataFrame:
     return df[lengths > 1]
 
 
-def method_and_k(method: str, K: int) -> str:
-    return METHODS[method][0] if K == 1 else f"{METHODS[method][0]} K = {K}"
+def schedule_row_ks(df: pd.DataFrame) -> list[int]:
+    """The K of each row of fig_schedule: every local K analysed (E2E alone gives one row, K = 1)."""
+    local = sorted(int(K) for K in df["K"].unique() if K > 1)
+    return local or [1]
+
+
+def schedule_seeds_text(df: pd.DataFrame) -> str:
+    """Which seeds each configuration shows, e.g. "E2E: seed 1; K = 4: seed 1; K = 8: seed 0"
+    (rows may show different seeds: only seeds analysed after both lengths are drawn)."""
+    parts = []
+    for K, group in df.groupby("K"):
+        seeds = sorted(int(seed) for seed in group["seed"].unique())
+        name = "E2E" if K == 1 else f"K = {K}"
+        parts.append(f"{name}: seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}")
+    return "; ".join(parts)
 
 
 def schedule_curves(ax, df: pd.DataFrame, value: str) -> None:
-    """One line per method, K and schedule length (mean over seeds): dashed after the fewest
+    """One line per method and schedule length (mean over seeds): dashed after the fewest
     epochs, solid after the others; module ends as large markers."""
     shortest = df["epochs"].min()
-    for (method, K, epochs), group in df.groupby(["method", "K", "epochs"]):
+    for (method, epochs), group in df.groupby(["method", "epochs"]):
         means = group.groupby("layer")[value].mean()
         colour, style = METHODS[method][1], "--" if epochs == shortest else "-"
         ax.plot(means.index, means.values, color=colour, ls=style, lw=1.4, marker="o", ms=2.5,
@@ -229,27 +242,31 @@ def fig_schedule(probes: pd.DataFrame, mi: pd.DataFrame) -> Figure:
     """The schedule check's analysis: linear-probe error, Î(h,x) and Î(h,y) per layer point of the
     same configurations and seeds after a short and a longer schedule, so one sees which layers
     the extra epochs change and whether the methods' order per layer turns with their test errors.
-    Takes the rows of `paired_schedules` (with a `method` column)."""
-    figure, axes = new_figure(12.0, 4.1, 1, 3)
+    One row per K, each with E2E as its reference. Takes the rows of `paired_schedules` (with a
+    `method` column)."""
+    row_ks = schedule_row_ks(probes)
+    figure, axes = new_figure(12.0, 1.0 + 3.1 * len(row_ks), len(row_ks), 3)
     panels = ((probes, "test_error", "linear separability", "linear-probe test error (%)"),
               (mi, "ixx_normalised", "I(h,x)", "Î(h,x) / reducible H(x)"),
               (mi, "ixy_normalised", "I(h,y)", "Î(h,y) / H(y)"))
-    for ax, (df, value, title, label) in zip(axes[0], panels):
-        schedule_curves(ax, df, value)
-        ax.set_title(title)
-        layer_axis(ax, label)
-    axes[0, 0].set_ylim(bottom=0)
-    methods = probes[["method", "K"]].drop_duplicates().sort_values(["K", "method"])
+    for row, K in zip(axes, row_ks):
+        for ax, (df, value, title, label) in zip(row, panels):
+            schedule_curves(ax, df[(df["K"] == K) | (df["method"] == "e2e")], value)
+            ax.set_title(title if K == 1 else f"{title}, K = {K}")
+            layer_axis(ax, label)
+        row[0].set_ylim(bottom=0)
+    methods = [method for method in METHODS if method in set(probes["method"])]
     lengths = sorted(probes["epochs"].unique())
-    extra = [(Line2D([], [], color=METHODS[method][1], lw=1.4), method_and_k(method, K))
-             for method, K in methods.itertuples(index=False)]
+    extra = [(Line2D([], [], color=METHODS[method][1], lw=1.4), METHODS[method][0]) for method in methods]
     extra += [(Line2D([], [], color="grey", ls="--" if epochs == lengths[0] else "-", lw=1.4), f"{epochs} epochs")
               for epochs in lengths]
     shared_legend(figure, axes[0, 0], extra + [MODULE_END])
     short = probes[probes["epochs"] == lengths[0]].iloc[0]
+    averaged = probes.groupby(["method", "K", "epochs"])["seed"].nunique().max() > 1
     footer(figure, f"{short['arch']}, {short['recipe']} (dashed), and the same configurations and seeds at "
            f"{' and '.join(str(e) for e in lengths[1:])} epochs (solid); "
-           f"{seeds_text(probes, ['method', 'K', 'epochs'])}.", probe_text(short), mutual_info_text(mi.iloc[0]))
+           f"{'mean over seeds' if averaged else 'one network per line'} ({schedule_seeds_text(probes)}).",
+           probe_text(short), mutual_info_text(mi.iloc[0]))
     return figure
 
 

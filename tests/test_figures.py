@@ -168,6 +168,23 @@ def test_schedule_analysis_draws_only_seeds_analysed_after_both_lengths(tmp_path
     assert (results / "figures" / "fig_schedule.png").stat().st_size > 10_000
 
 
+def test_fig_schedule_draws_one_row_per_k_each_beside_e2e():
+    """A second K gets its own row of panels holding only its methods and E2E, and the footer
+    names the seeds each row shows (here K = 8 is the committed K = 4 greedy SL rows, relabelled)."""
+    from infopro import plots
+    probes, mi = (rows[rows["K"].isin([1, 4])] for rows in load_schedule_analysis(RESULTS))
+
+    def with_k8(rows):
+        return pd.concat([rows, rows[rows["method"] == "greedy"].assign(K=8, seed=7)])
+    figure = plots.fig_schedule(with_k8(probes), with_k8(mi))
+    axes = figure.get_axes()
+    assert len(axes) == 6 and [ax.get_title() for ax in axes[::3]] == ["linear separability, K = 4",
+                                                                       "linear separability, K = 8"]
+    lines_k4 = 2 * probes[["method", "K"]].drop_duplicates().shape[0]
+    assert [len(ax.get_lines()) for ax in axes] == [lines_k4] * 3 + [4] * 3  # E2E and greedy SL, 12 and 36 epochs
+    assert "K = 8: seed 7" in figure.texts[-1].get_text().replace("\n", " ")
+
+
 def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path):
     from infopro.analysis import analyse_runs
     from infopro.train import TrainConfig, train
