@@ -28,10 +28,11 @@ HOW_TO_MAKE = {
                    "took about 4 min per run on 2 CPU cores; GPU time not yet measured)",
     "schedule-check": "make it with `python -m experiments.grid cpu-schedule-check --device cpu --out "
                       "results/schedule-check` (the fixture's E2E, greedy SL and InfoPro (Contrast, Softmax) at K=4 "
-                      "and 8, 36 epochs: 2 h per seed for E2E and K=4 on 2 CPU cores), beside `make fixture`'s runs of "
-                      "the same seeds",
+                      "and 8, 36 epochs: 2 h per seed for E2E and K=4 and 2 h for K=8 on 2 CPU cores), beside "
+                      "`make fixture`'s runs of the same seeds",
     "schedule-analysis": "make it with `make schedule-analysis` (linear probes, I(h,x) and I(h,y) of the schedule "
-                         "check's seed-1 runs and of their 12-epoch twins: 38 min on 2 CPU cores)",
+                         "check's runs that the Makefile's SCHEDULE_RUNS names and of their 12-epoch twins: 72 min "
+                         "on 2 CPU cores)",
 }
 
 
