@@ -1,5 +1,6 @@
 """Figures, tables and notebooks build from results/ alone; missing inputs get one line."""
 
+import re
 import shutil
 import subprocess
 
@@ -70,6 +71,40 @@ def test_committed_results_are_real_runs_with_provenance():
         rows = pd.read_csv(RESULTS / "analysis" / name)
         assert set(rows["run_id"]) <= analysed, name
         assert not rows["analysis_dirty"].any(), f"{name}: rows made from an uncommitted source tree"
+
+
+def record_names(results) -> set[str]:
+    """Every column of the committed record CSVs and every key of the runs' JSON files, a module's
+    index written `<k>` (`loss_m3` -> `loss_m<k>`). The tables' human-readable headers are not records."""
+    def keys(record: dict):
+        for key, value in record.items():
+            yield key
+            if isinstance(value, dict):
+                yield from keys(value)
+
+    csvs = [path for folder in ("analysis", "bench", "reference") for path in (results / folder).rglob("*.csv")]
+    csvs += list(results.rglob("metrics.csv"))
+    names = {column for path in csvs for column in pd.read_csv(path, nrows=0).columns}
+    names |= {key for name in ("config.json", "summary.json") for path in results.rglob(name)
+              for key in keys(read_json(path))}
+    return {re.sub(r"_m\d+$", "_m<k>", name) for name in names}
+
+
+def test_every_committed_result_column_is_documented():
+    names = record_names(RESULTS)
+    assert {"ixx_normalised", "loss_m<k>", "provenance", "final_test_error"} <= names  # the walk reaches every kind
+    documented = (RESULTS / "README.md").read_text()
+    assert sorted(name for name in names if f"`{name}`" not in documented) == []
+
+
+def test_committed_tables_are_rebuilt_unchanged_and_the_readme_shows_them(results_copy):
+    """No table number is typed by hand: each is what `make` builds from the committed results, and
+    the README's copy is the generated one to the character."""
+    readme = (REPO / "README.md").read_text()
+    for target in ("table2", "table3", "table_schedule"):
+        for path in build(target, results_copy):
+            assert path.read_text() == (RESULTS / "tables" / path.name).read_text(), f"{path.name}: rebuild differs"
+        assert (RESULTS / "tables" / f"{target}.md").read_text().strip() in readme, f"README's {target} is stale"
 
 
 @pytest.mark.parametrize("notebook", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
