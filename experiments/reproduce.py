@@ -2,6 +2,7 @@
 
     python -m experiments.reproduce --time-budget 25 --data-root .data   # one GPU lease
     python -m experiments.reproduce --plan                                # which stages are done
+    INFOPRO_GIT_COMMIT=<sha> INFOPRO_GIT_DIRTY=0 python -m experiments.reproduce ...  # a copy without .git
 
 Stages (infopro/reproduce.py): table3 (`experiments.bench --measure steps pipeline`), module-parallel
 (`experiments.bench_module_parallel` on the GPU), max-batch, grid-jobs, and table2 (the
@@ -15,7 +16,8 @@ from pathlib import Path
 
 from infopro.cli import ArgumentParser, run
 from infopro.errors import InfoProError
-from infopro.reproduce import run_stages, stages
+from infopro.records import git_state
+from infopro.reproduce import check_code_is_named, run_stages, stages
 from infopro.train import resolve_device
 
 
@@ -35,6 +37,7 @@ def main(argv=None):
     if args.time_budget is None:
         raise InfoProError("give --time-budget MIN (the minutes this GPU is yours), or --plan")
     resolve_device("cuda")
+    check_code_is_named(git_state())
     failed = run_stages(plan, args.time_budget)
     if failed:
         raise InfoProError(f"stages that failed: {', '.join(failed)} (their output is above)")

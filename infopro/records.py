@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+UNKNOWN = "unknown"  # a provenance field nobody could read
 
 
 def atomic_write(path: str | os.PathLike, payload: bytes | str) -> None:
@@ -64,12 +65,11 @@ def save_torch(path, obj) -> None:
 
 
 def git_state(root=REPO_ROOT) -> dict:
-    """Commit and dirty flag of the source tree; $INFOPRO_GIT_COMMIT when there is no .git.
+    """Commit and dirty flag of the source tree, or of `announced_git_state()` where there is no .git.
 
     Files under results/ do not count as dirty: they are outputs, and the analyses append to
     committed CSVs there, which would otherwise mark every row after a run's first as made
-    from uncommitted code. Machines that receive a copy of the working tree without its
-    history (a lent GPU, say) set the variable so that their results still name the code.
+    from uncommitted code.
     """
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
@@ -78,9 +78,20 @@ def git_state(root=REPO_ROOT) -> dict:
         commit = git("rev-parse", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"))
     except (OSError, subprocess.SubprocessError):
-        commit = os.environ.get("INFOPRO_GIT_COMMIT", "unknown")
-        dirty = os.environ.get("INFOPRO_GIT_DIRTY", "unknown")
+        return announced_git_state()
     return {"git_commit": commit, "git_dirty": dirty}
+
+
+def announced_git_state() -> dict:
+    """$INFOPRO_GIT_COMMIT and $INFOPRO_GIT_DIRTY (0 or 1), "unknown" where unset or unreadable.
+
+    A machine that receives a copy of the working tree without its history (a lent GPU, say)
+    cannot ask git; whoever sends the copy names its commit this way, so that results made
+    there still name their code. The flag is parsed to the boolean git would have given.
+    """
+    flag = os.environ.get("INFOPRO_GIT_DIRTY", "").strip().lower()
+    dirty = {"0": False, "false": False, "1": True, "true": True}.get(flag, UNKNOWN)
+    return {"git_commit": os.environ.get("INFOPRO_GIT_COMMIT", "").strip() or UNKNOWN, "git_dirty": dirty}
 
 
 def device_name(device: torch.device) -> str:

@@ -19,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from infopro.grid import get_grid, run_state
-from infopro.records import REPO_ROOT
+from infopro.errors import InfoProError
+from infopro.records import REPO_ROOT, UNKNOWN
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
@@ -86,6 +87,17 @@ def stages(results: Path, data_root: str | None) -> list[Stage]:
                                      "--time-budget", f"{left:.1f}", "--out", str(runs)],
               minutes=2),
     ]
+
+
+def check_code_is_named(state: dict) -> None:
+    """Refuse GPU work whose results could not name the commit they came from: they are made to be
+    committed, and a lease spent on records without provenance is lost. `state` is `git_state()`."""
+    if UNKNOWN in (state["git_commit"], state["git_dirty"]):
+        raise InfoProError("this tree has no git history: set INFOPRO_GIT_COMMIT to its commit (`git rev-parse HEAD` "
+                           "where the history is) and INFOPRO_GIT_DIRTY=0, so that the results name their code")
+    if state["git_dirty"]:
+        raise InfoProError(f"the source differs from commit {state['git_commit'][:12]}: commit it first, so that "
+                           "the results name their code")
 
 
 def run_stages(plan: list[Stage], minutes: float, log=print) -> list[str]:

@@ -4,9 +4,12 @@ import importlib
 import sys
 
 import pandas as pd
+import pytest
 
 from conftest import run_cli
-from infopro.reproduce import Stage, best_jobs, run_stages, stages
+from infopro.errors import InfoProError
+from infopro.records import git_state
+from infopro.reproduce import Stage, best_jobs, check_code_is_named, run_stages, stages
 
 
 def python_stage(name: str, code: str, done=lambda: False, minutes: float = 0) -> Stage:
@@ -62,3 +65,22 @@ def test_every_stage_command_is_accepted_by_its_entry_point(tmp_path):
         command = stage.command(10.0)
         assert command[:2] == [sys.executable, "-m"]
         importlib.import_module(command[2]).parse_args(command[3:])
+
+
+def test_a_copy_without_history_names_its_code_as_announced_and_gpu_work_refuses_it_otherwise(tmp_path, monkeypatch):
+    """A lent GPU gets the tree without .git: its results must still name their commit, as a boolean flag."""
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "no-history"))  # git fails here, as on such a machine
+    for name in ("INFOPRO_GIT_COMMIT", "INFOPRO_GIT_DIRTY"):
+        monkeypatch.delenv(name, raising=False)
+    assert git_state(tmp_path) == {"git_commit": "unknown", "git_dirty": "unknown"}
+    with pytest.raises(InfoProError, match="INFOPRO_GIT_COMMIT"):
+        check_code_is_named(git_state(tmp_path))
+    monkeypatch.setenv("INFOPRO_GIT_COMMIT", "0123456789abcdef")
+    monkeypatch.setenv("INFOPRO_GIT_DIRTY", "0")
+    assert git_state(tmp_path) == {"git_commit": "0123456789abcdef", "git_dirty": False}
+    check_code_is_named(git_state(tmp_path))
+    monkeypatch.setenv("INFOPRO_GIT_DIRTY", "1")
+    with pytest.raises(InfoProError, match="commit it first"):
+        check_code_is_named(git_state(tmp_path))
+    monkeypatch.setenv("INFOPRO_GIT_DIRTY", "maybe")
+    assert git_state(tmp_path)["git_dirty"] == "unknown"
