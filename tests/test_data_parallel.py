@@ -21,6 +21,7 @@ STEP_CASES = [
     # module 1 reconstructs only, module 2 contrasts only: idle heads, and a contrast set across ranks
     ("infopro", 3, "contrast", {"lambda1": (1.0, 0.0), "lambda2": (0.0, 1.0)}, 2),
     ("infopro", 2, "softmax", {}, 2),
+    ("infopro", 2, "contrast", {}, 2),  # both terms in one module, the paper's λ
 ]
 
 
@@ -71,8 +72,10 @@ def data_parallel(config: TrainConfig, out, ranks: int = 2, **options):
 
 def test_a_data_parallel_run_is_the_single_process_run_and_either_trainer_resumes_it(tmp_path):
     """Same run id, records and checkpoints. In fp32 the two drift apart by summation order only
-    (the float64 step test above is the exact check): measured 1e-4 after 8 steps, 1e-3 after 16."""
-    config = TrainConfig(regime="infopro", K=2, **SMALL)
+    (the float64 step test above is the exact check). The task loss is softmax: the contrastive
+    loss's temperature (0.07) amplifies that drift by a factor that depends on the CPU's kernels
+    (after 16 steps, 1e-3 on an AMD EPYC, 7e-3 on an Intel Xeon), where softmax's stays near 1e-4."""
+    config = TrainConfig(regime="infopro", K=2, task_loss="softmax", **SMALL)
     train(config, tmp_path / "alone", device="cpu", log=lambda line: None)
     data_parallel(config, tmp_path / "shared", stop_after_epoch=1)
     record = json.loads((tmp_path / "shared" / "config.json").read_text())
