@@ -7,6 +7,7 @@ software (torch, CUDA, cuDNN), the hardware and the numerics it came from.
 import csv
 import io
 import json
+import math
 import os
 import platform
 import subprocess
@@ -45,7 +46,8 @@ def read_json(path) -> dict:
 
 
 def write_csv(path, rows: list[dict]) -> None:
-    """Rows as a CSV file (written atomically); columns in order of first appearance, blank where absent.
+    """Rows as a CSV file (written atomically); columns in order of first appearance, blank where absent
+    or missing.
 
     Rows may differ in keys: a run resumed by the other trainer adds the module-parallel columns.
     """
@@ -54,8 +56,14 @@ def write_csv(path, rows: list[dict]) -> None:
         columns = list(dict.fromkeys(key for row in rows for key in row))
         writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({key: csv_cell(value) for key, value in row.items()} for row in rows)
     atomic_write(path, buffer.getvalue())
+
+
+def csv_cell(value):
+    """A missing value as a blank cell. Rows taken from a pandas table hold NaN where a cell is
+    missing, which the csv module would write as the text 'nan'."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
 def save_torch(path, obj) -> None:

@@ -229,7 +229,8 @@ def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path)
 
     def fake(run, layers):
         calls.append(list(layers))
-        return [{"run_id": run.run_id, "setting": 1, "layer": layer, "value": layer} for layer in layers]
+        return [{"run_id": run.run_id, "setting": 1, "task_loss": "", "layer": layer, "value": layer}
+                for layer in layers]
 
     def settings(run):
         return {"setting": 1}
@@ -240,3 +241,4 @@ def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path)
     analyse_runs(runs, csv, fake, settings, None, log=lambda line: None)   # nothing left
     assert calls == [[1, 2], list(range(3, 17))]
     assert sorted(pd.read_csv(csv)["layer"]) == list(range(1, 17))
+    assert "nan" not in csv.read_text()  # a blank cell read back as NaN is written blank again
