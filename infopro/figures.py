@@ -31,8 +31,8 @@ HOW_TO_MAKE = {
                       "8 and 16, 36 epochs: per seed on 2 CPU cores, 2 h for E2E and K=4, 2 h for K=8 and about "
                       "3 h for K=16), beside `make fixture`'s runs of the same seeds",
     "schedule-analysis": "make it with `make schedule-analysis` (linear probes, I(h,x) and I(h,y) of the schedule "
-                         "check's runs that the Makefile's SCHEDULE_RUNS names and of their 12-epoch twins: 72 min "
-                         "on 2 CPU cores)",
+                         "check's runs that the Makefile's SCHEDULE_RUNS names and of their 12-epoch twins: about "
+                         "100 min on 2 CPU cores)",
 }
 
 
