@@ -31,10 +31,11 @@ mutual-info:
 	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS)/runs --out $(RESULTS)/analysis/mutual_information.csv $(DATA) $(MI_ARGS)
 
 # The schedule check's analysis (fig_schedule): probes and I(h,x), I(h,y) of its seed-1 runs of E2E and K = 4 and
-# seed-0 runs of K = 8 and K = 16 (36 epochs) and of their fixture twins (12 epochs), with the fixture's estimator
+# seed-0 runs of K = 2, 8 and 16 (36 epochs) and of their fixture twins (12 epochs), with the fixture's estimator
 # settings; their model.pt are committed.
 SCHEDULE_RUNS ?= K1-n10000-e12-b128-s1 K4-n10000-e12-b128-s1 K1-n10000-e36-b128-s1 K4-n10000-e36-b128-s1 \
-                 K8-n10000-e12-b128-s0 K8-n10000-e36-b128-s0 K16-n10000-e12-b128-s0 K16-n10000-e36-b128-s0
+                 K8-n10000-e12-b128-s0 K8-n10000-e36-b128-s0 K16-n10000-e12-b128-s0 K16-n10000-e36-b128-s0 \
+                 K2-n10000-e12-b128-s0 K2-n10000-e36-b128-s0
 SCHEDULE_MI_ARGS ?= --train-subset 2000 --test-subset 1000 --epochs 10
 schedule-analysis:
 	$(PYTHON) -m analysis.probe --runs $(RESULTS) --only $(SCHEDULE_RUNS) --out $(RESULTS)/analysis/schedule-check/linear_probe.csv $(DATA) $(PROBE_ARGS)
