@@ -27,12 +27,12 @@ HOW_TO_MAKE = {
                    "run; the committed fixture's settings, MI_ARGS='--train-subset 2000 --test-subset 1000 --epochs 10', "
                    "took about 4 min per run on 2 CPU cores; GPU time not yet measured)",
     "schedule-check": "make it with `python -m experiments.grid cpu-schedule-check --device cpu --out "
-                      "results/schedule-check` (the fixture's E2E, greedy SL and InfoPro (Contrast, Softmax) at K=4, "
-                      "8 and 16, 36 epochs: per seed on 2 CPU cores, 2 h for E2E and K=4, 2 h for K=8 and about "
-                      "3 h for K=16), beside `make fixture`'s runs of the same seeds",
+                      "results/schedule-check` (the fixture's E2E, greedy SL and InfoPro (Contrast, Softmax) at K=2, "
+                      "4, 8 and 16, 36 epochs: per seed on 2 CPU cores, 1.3 h for K=2, 2 h for E2E and K=4, 2 h for "
+                      "K=8 and about 3 h for K=16), beside `make fixture`'s runs of the same seeds",
     "schedule-analysis": "make it with `make schedule-analysis` (linear probes, I(h,x) and I(h,y) of the schedule "
                          "check's runs that the Makefile's SCHEDULE_RUNS names and of their 12-epoch twins: about "
-                         "100 min on 2 CPU cores)",
+                         "130 min on 2 CPU cores)",
 }
 
 
