@@ -10,7 +10,7 @@ N, and writes their aggregate images/s to results/bench/grid-jobs-<grid>-<device
 `table2-resnet32` feeds Table 2 and fig7 (13 configurations per seed, the paper's 160-epoch
 recipe; GPU hours, see README). `cpu-fixture` is the small real fixture committed so that the
 figures build on a machine without a GPU (3.3 h of training on 2 CPU cores, measured);
-`cpu-schedule-check` trains E2E and the greedy SL and both InfoPro runs at K=4, 8 and 16 for 3x the epochs (README).
+`cpu-schedule-check` trains E2E, greedy SL and both InfoPro variants at K=2, 4, 8 and 16 for 3x the epochs (README).
 """
 
 import tempfile
