@@ -88,9 +88,15 @@ def layer_axis(ax, ylabel: str) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def shared_legend(figure: Figure, ax, extra: list[tuple]) -> None:
-    """One legend above all panels: the curves of `ax` plus (handle, label) extras."""
-    handles, labels = ax.get_legend_handles_labels()
+def shared_legend(figure: Figure, axes, extra: list[tuple] = ()) -> None:
+    """One legend above all panels: each label of the curves in `axes` (one Axes or an array
+    of them) once, then the (handle, label) extras."""
+    handles, labels = [], []
+    for ax in getattr(axes, "flat", [axes]):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
     for handle, label in extra:
         handles.append(handle)
         labels.append(label)
@@ -366,14 +372,7 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame) -> Figure:
         notes.append(f"{arch}: {first['precision']} on {first['device_name']}; memory = {described}")
         if first["device"] == "cpu":
             notes.append(f"{arch}: times measured on a shared CPU: indicative only")
-    handles, labels = [], []
-    for ax in axes.flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    columns = max(1, min(len(labels), int(figure.get_figwidth() / 1.9)))
-    figure.legend(handles, labels, loc="outside upper center", ncols=columns, frameon=False)
+    shared_legend(figure, axes)
     recipe = "" if runs.empty else f"Test errors: final epoch of our runs ({main_recipe(runs)[1]})."
     footer(figure, "; ".join(notes) + ".", recipe)
     return figure
