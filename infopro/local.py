@@ -234,6 +234,12 @@ class LocalNet(nn.Module):
         return owner
 
 
+def check_e2e_is_one_module(regime: str, K: int) -> None:
+    """Refuse E2E with K > 1: E2E back-propagates through the whole network, so it has no cut."""
+    if regime == "e2e" and K != 1:
+        raise InfoProError(f"regime e2e trains one module; got K={K} (use --K 1, or --regime greedy|infopro)")
+
+
 def build_local_net(arch: str, regime: str, ends: list[int], weights: LossWeights,
                     task_loss: str = "contrast", num_classes: int = 10) -> LocalNet:
     """Backbone plus the regime's objective at each module end, initialised as the paper's code."""
@@ -241,9 +247,7 @@ def build_local_net(arch: str, regime: str, ends: list[int], weights: LossWeight
         raise InfoProError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
     if task_loss not in TASK_LOSSES:
         raise InfoProError(f"unknown task loss {task_loss!r}; valid: {', '.join(TASK_LOSSES)}")
-    if regime == "e2e" and ends:
-        raise InfoProError(f"regime e2e trains one module; got K={len(ends) + 1} (use --K 1, "
-                           f"or --regime greedy|infopro)")
+    check_e2e_is_one_module(regime, len(ends) + 1)
     backbone = build_backbone(arch, num_classes)
     objectives = []
     for k, end in enumerate(ends):

@@ -96,19 +96,25 @@ def find_runs(root) -> list[Run]:
     return sorted(runs, key=lambda run: run.run_id)
 
 
-def select_runs(runs: list[Run], only: list[str] | None) -> list[Run]:
-    """Runs whose id contains one of the `only` substrings (all when `only` is empty)."""
+def select_by_run_id(items: list, only: list[str] | None, run_id, what: str = "run") -> list:
+    """The items whose `run_id(item)` contains one of the `only` substrings (all when `only` is
+    empty): how the analyses and the grid runner are told to work on part of their runs."""
     if not only:
-        return runs
-    chosen = [run for run in runs if any(part in run.run_id for part in only)]
+        return items
+    chosen = [item for item in items if any(part in run_id(item) for part in only)]
     if not chosen:
-        raise InfoProError(f"no finished run matches {', '.join(only)}")
+        raise InfoProError(f"no {what} matches {', '.join(only)}")
     return chosen
+
+
+def select_runs(runs: list[Run], only: list[str] | None) -> list[Run]:
+    """Finished runs whose id contains one of the `only` substrings (all when `only` is empty)."""
+    return select_by_run_id(runs, only, lambda run: run.run_id, "finished run")
 
 
 def runs_table(root) -> pd.DataFrame:
     """One row per finished run: its description and its summary's numbers."""
-    rows = [run.row() | {k: v for k, v in run.summary.items()} for run in find_runs(root)]
+    rows = [run.row() | run.summary for run in find_runs(root)]
     return pd.DataFrame(rows)
 
 

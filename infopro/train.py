@@ -23,7 +23,8 @@ import torch
 
 from infopro.data import DATASETS, Split, augmented_batch, load_dataset, normalise, shuffled_batches, to_unit
 from infopro.errors import DivergedError, InfoProError, RunDirError
-from infopro.local import REGIMES, TASK_LOSSES, LocalModule, LocalNet, build_local_net, run_layers
+from infopro.local import (REGIMES, TASK_LOSSES, LocalModule, LocalNet, build_local_net, check_e2e_is_one_module,
+                           run_layers)
 from infopro.memory import SavedActivations, cuda_peak
 from infopro.models import ARCHS
 from infopro.records import provenance, read_json, save_torch, write_csv, write_json
@@ -94,9 +95,7 @@ class TrainConfig:
         return cls(**values)
 
     def module_ends(self) -> list[int]:
-        if self.regime == "e2e" and self.K != 1:
-            raise InfoProError(f"regime e2e trains one module; got K={self.K} "
-                               f"(use --K 1, or --regime greedy|infopro)")
+        check_e2e_is_one_module(self.regime, self.K)
         return module_ends(self.arch, self.K, self.split)
 
     def loss_weights(self) -> LossWeights:
