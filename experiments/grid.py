@@ -2,6 +2,7 @@
 
     python -m experiments.grid table2-resnet32 --seeds 0 1 2 --jobs 3 --time-budget 25 --out results/runs
     python -m experiments.grid table2-resnet32 --status --out results/runs
+    python -m experiments.grid cpu-fixture --seeds 2 --only K2- --out results/runs    # some configurations
     python -m experiments.grid cpu-fixture --data-root ../shared/data --out results/runs
     python -m experiments.grid table2-resnet32 --measure-jobs 1 2 3 4 6     # which --jobs fills the GPU
 
@@ -29,6 +30,8 @@ def parse_args(argv=None):
     p = ArgumentParser(prog="python -m experiments.grid", description=__doc__.split("\n\n")[0])
     p.add_argument("grid", choices=GRIDS)
     p.add_argument("--seeds", type=int, nargs="+", help="seeds to run (default: the grid's)")
+    p.add_argument("--only", nargs="+", metavar="TEXT",
+                   help="only the configurations whose run id contains one of these (e.g. K2-)")
     p.add_argument("--dataset", choices=DATASETS, help="override the grid's dataset")
     p.add_argument("--jobs", type=int, default=1, help="trainings to run at once (on one GPU: pick with --measure-jobs)")
     p.add_argument("--time-budget", type=float, metavar="MIN", help="stop cleanly within MIN minutes")
@@ -46,7 +49,7 @@ def main(argv=None):
     args = parse_args(argv)
     grid = get_grid(args.grid)
     overrides = {"dataset": args.dataset} if args.dataset else {}
-    configs = grid.configs(args.seeds, **overrides)
+    configs = grid.configs(args.seeds, args.only, **overrides)
     root = Path(args.out)
     if args.status:
         for config in configs:

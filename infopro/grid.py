@@ -14,7 +14,7 @@ from pathlib import Path
 
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT
-from infopro.runs import last_epoch_images_per_second
+from infopro.runs import last_epoch_images_per_second, select_by_run_id
 from infopro.train import TrainConfig
 
 PAPER_KS = (2, 4, 8, 16)
@@ -38,10 +38,12 @@ class Grid:
     variants: tuple[dict, ...]
     seeds: tuple[int, ...] = (0,)
 
-    def configs(self, seeds=None, **overrides) -> list[TrainConfig]:
+    def configs(self, seeds=None, only=None, **overrides) -> list[TrainConfig]:
+        """Every variant at every seed; with `only`, those whose run id contains one of its substrings."""
         seeds = self.seeds if seeds is None else seeds
-        return [TrainConfig(**{**self.recipe, **variant, **overrides, "seed": seed})
-                for seed in seeds for variant in self.variants]
+        configs = [TrainConfig(**{**self.recipe, **variant, **overrides, "seed": seed})
+                   for seed in seeds for variant in self.variants]
+        return select_by_run_id(configs, only, TrainConfig.run_id, "configuration of the grid")
 
 
 GRIDS = {

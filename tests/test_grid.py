@@ -57,3 +57,14 @@ def test_status_lists_every_run_of_the_grid(tmp_path):
     assert len(lines) == 13 and all(line.startswith("missing") for line in lines)
     refused = run_cli("experiments.grid", "table2-resnet32", "--measure-jobs", "0", "--out", str(tmp_path))
     assert refused.returncode == 2 and refused.stderr.strip() == "error: --measure-jobs takes counts of 1 or more"
+
+
+def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
+    chosen = run_cli("experiments.grid", "cpu-fixture", "--seeds", "2", "--only", "K2-", "--status",
+                     "--out", str(tmp_path))
+    assert chosen.returncode == 0, chosen.stderr
+    assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()] == [
+        f"cifar10-jpeg-resnet32-{method}-K2-n10000-e12-b128-s2"
+        for method in ("greedy", "infopro-contrast", "infopro-softmax")]
+    refused = run_cli("experiments.grid", "cpu-fixture", "--only", "K3-", "--status", "--out", str(tmp_path))
+    assert refused.returncode == 2 and refused.stderr.strip() == "error: no configuration of the grid matches K3-"
