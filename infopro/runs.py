@@ -96,7 +96,7 @@ def find_runs(root) -> list[Run]:
     return sorted(runs, key=lambda run: run.run_id)
 
 
-def select_by_run_id(items: list, only: list[str] | None, run_id, what: str = "run") -> list:
+def select_by_run_id(items: list, only: list[str] | None, run_id, what: str) -> list:
     """The items whose `run_id(item)` contains one of the `only` substrings (all when `only` is
     empty): how the analyses and the grid runner are told to work on part of their runs."""
     if not only:
