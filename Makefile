@@ -8,7 +8,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: setup test fig7 fig8 fig10 fig_memory fig_schedule figures table2 table3 table_schedule tables probes mutual-info schedule-analysis bench bench-module-parallel reproduce fixture
+.PHONY: setup test fig7 fig8 fig10 fig_memory fig_schedule figures table2 table3 table_schedule tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
 
 setup:
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
@@ -29,6 +29,11 @@ probes:
 
 mutual-info:
 	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS)/runs --out $(RESULTS)/analysis/mutual_information.csv $(DATA) $(MI_ARGS)
+
+# Every network with committed weights (fixture and schedule check) scored image by image on its whole test split,
+# for table_paired: the test images a run never used give a fresh test of InfoPro against greedy SL.
+test-predictions:
+	$(PYTHON) -m analysis.test_predictions --runs $(RESULTS) --out $(RESULTS)/analysis/test_predictions.csv $(DATA)
 
 # The schedule check's analysis (fig_schedule): probes and I(h,x), I(h,y) of its seed-1 runs of E2E and K = 4 and
 # seed-0 runs of K = 2, 8 and 16 (36 epochs) and of their fixture twins (12 epochs), with the fixture's estimator

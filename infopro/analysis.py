@@ -43,11 +43,16 @@ def mutual_info_settings(run: Run, settings=EstimatorSettings(), train_subset=No
 def layer_rows(run: Run, results: list[dict], settings: dict, device: torch.device) -> list[dict]:
     """Rows for one run: run description + layer + module-end flag + settings + provenance."""
     ends = set(run.module_ends)
-    git = git_state()
-    analysis = {"analysis_commit": git["git_commit"], "analysis_dirty": git["git_dirty"],
-                "analysis_device": device_name(device)}
+    analysis = analysis_provenance(device)
     return [run.row() | {"layer": r["layer"], "module_end": r["layer"] in ends} | settings | r | analysis
             for r in results]
+
+
+def analysis_provenance(device: torch.device) -> dict:
+    """The commit, dirty flag and device of the analysis itself (the run's own are in `Run.row`)."""
+    git = git_state()
+    return {"analysis_commit": git["git_commit"], "analysis_dirty": git["git_dirty"],
+            "analysis_device": device_name(device)}
 
 
 def probe_run(run: Run, layers, *, pool="gap", l2=DEFAULT_L2, train_subset=None, test_subset=None,

@@ -74,15 +74,19 @@ class Split:
         """
         if n is None or n >= len(self):
             return self
-        if n < 1:
-            raise DataError(f"subset size must be positive, got {n}")
-        order = torch.randperm(len(self), generator=torch.Generator().manual_seed(0))[:n]
-        order = order.to(self.labels.device)
+        order = subset_indices(len(self), n).to(self.labels.device)
         return Split(self.images[order], self.labels[order])
 
     @property
     def nbytes(self) -> int:
         return self.images.nbytes + self.labels.nbytes
+
+
+def subset_indices(size: int, n: int) -> torch.Tensor:
+    """Indices of `Split.subset(n)` in a split of `size` images: also which images a run never saw."""
+    if n < 1:
+        raise DataError(f"subset size must be positive, got {n}")
+    return torch.randperm(size, generator=torch.Generator().manual_seed(0))[:n]
 
 
 @dataclass(frozen=True)

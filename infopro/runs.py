@@ -47,13 +47,18 @@ class Run:
         net.load_state_dict(state)
         return net.to(device).eval()
 
-    def load_data(self, data_root=None) -> Dataset:
-        """The run's dataset with its train/test subsets, checked against the recorded fingerprint."""
+    def load_whole_data(self, data_root=None) -> Dataset:
+        """The run's whole dataset (every image, also those outside its subsets), checked against the
+        recorded fingerprint."""
         dataset = load_dataset(self.config.dataset, data_root)
         if dataset.fingerprint != self.record["dataset"]["fingerprint"]:
             raise DataError(f"{dataset.source} differs from the data {self.run_id} was trained on "
                             f"(fingerprint {dataset.fingerprint}, recorded {self.record['dataset']['fingerprint']})")
-        config = self.config
+        return dataset
+
+    def load_data(self, data_root=None) -> Dataset:
+        """The run's dataset with its train/test subsets, checked against the recorded fingerprint."""
+        dataset, config = self.load_whole_data(data_root), self.config
         return Dataset(dataset.name, dataset.train.subset(config.train_subset),
                        dataset.test.subset(config.test_subset), dataset.fingerprint, dataset.source)
 

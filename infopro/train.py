@@ -197,17 +197,22 @@ def train_step(net: LocalNet, x: torch.Tensor, y: torch.Tensor, precision: str =
 
 
 @torch.inference_mode()
-def evaluate(net: LocalNet, split: Split, precision: str = "fp32") -> float:
-    """Test error (%) of the network's head on un-augmented images, BN in eval mode."""
+def predict(net: LocalNet, split: Split, precision: str = "fp32") -> torch.Tensor:
+    """The head's class for each image of `split`, un-augmented, BN in eval mode (on the split's device)."""
     was_training = net.training
     net.eval()
-    wrong = torch.zeros((), dtype=torch.long, device=split.labels.device)
+    classes = []
     for start in range(0, len(split), EVAL_BATCH):
         images = split.images[start:start + EVAL_BATCH]
         with autocast(images.device, precision):
-            logits = net.backbone(prepare_input(to_unit(images), images.device))
-        wrong += (logits.argmax(1) != split.labels[start:start + EVAL_BATCH]).sum()
+            classes.append(net.backbone(prepare_input(to_unit(images), images.device)).argmax(1))
     net.train(was_training)
+    return torch.cat(classes)
+
+
+def evaluate(net: LocalNet, split: Split, precision: str = "fp32") -> float:
+    """Test error (%) of the network's head on un-augmented images, BN in eval mode."""
+    wrong = (predict(net, split, precision) != split.labels).sum()
     return 100.0 * wrong.item() / len(split)
 
 

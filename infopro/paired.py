@@ -1,0 +1,123 @@
+"""Per-image test predictions of finished runs, and paired comparisons of two methods on them.
+
+Why: a run's recorded test error is measured on its test subset (2,000 images in the CPU
+fixture), and its binomial error (about 1 point) is as large as the differences between
+methods; more seeds do not shrink it, since every seed is scored on the same images. Two
+things do. (1) The test images a run never used, neither in training nor in its recorded
+error (the 8,000 outside a 2,000-image subset), form a fresh test set on which a
+difference seen in the recorded errors can be checked. (2) Two networks scored on the same
+images are compared image by image: only the images on which one is right and the other
+wrong say which is better (McNemar's test), so the standard error of the difference is
+set by how often they disagree, not by how often they err.
+"""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import binomtest
+
+from infopro.analysis import analysis_provenance
+from infopro.data import subset_indices
+from infopro.records import write_csv
+from infopro.runs import Run
+from infopro.train import predict
+
+# A comparison pairs runs that differ only in their method: same data, recipe, K and seed.
+PAIRING_KEY = ["dataset", "arch", "K", "split", "seed", "recipe", "precision", "test_split_images"]
+
+
+def encode_correct(correct: np.ndarray) -> str:
+    """Right/wrong per image as hex, one bit per image (10,000 images: 2,500 characters)."""
+    return np.packbits(correct.astype(bool)).tobytes().hex()
+
+
+def decode_correct(text: str, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(bytes.fromhex(text), dtype=np.uint8), count=n).astype(bool)
+
+
+def used_images(size: int, test_subset: int | None) -> np.ndarray:
+    """Which images of a test split of `size` a run with `test_subset` was scored on (all when None)."""
+    used = np.zeros(size, dtype=bool)
+    used[subset_indices(size, test_subset).numpy() if test_subset and test_subset < size else slice(None)] = True
+    return used
+
+
+def error(correct: np.ndarray) -> float:
+    return 100.0 * (1 - correct.mean()) if len(correct) else math.nan
+
+
+def prediction_row(run: Run, device: torch.device, data_root=None) -> dict:
+    """The run's network scored on every image of its dataset's test split.
+
+    `own_test_error` re-scores the images its recorded error was measured on, so a row also
+    checks that the committed weights are the network the run reported; `held_out_test_error`
+    scores the rest.
+    """
+    test = run.load_whole_data(data_root).test.to(device)
+    correct = (predict(run.load_net(device), test, run.config.precision) == test.labels).cpu().numpy()
+    used = used_images(len(test), run.config.test_subset)
+    return run.row() | {
+        "test_split_images": len(test), "held_out_images": int((~used).sum()),
+        "recorded_test_error": run.summary["final_test_error"], "own_test_error": error(correct[used]),
+        "held_out_test_error": error(correct[~used]), "correct": encode_correct(correct),
+    } | analysis_provenance(device)
+
+
+def predict_runs(runs: list[Run], csv_path, device: torch.device, data_root=None, *, force: bool = False,
+                 log=print) -> pd.DataFrame:
+    """Add a row per run with weights not yet in the CSV (all of them with `force`), rewriting the
+    CSV atomically after each, so an interrupted call loses nothing and a re-run does what is left."""
+    csv_path = Path(csv_path)
+    table = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame({"run_id": []})
+    for run in runs:
+        if not run.has_weights:
+            log(f"{run.run_id}: no model.pt, skipped")
+        elif run.run_id in set(table["run_id"]) and not force:
+            log(f"{run.run_id}: already scored")
+        else:
+            row = prediction_row(run, device, data_root)
+            log(f"{run.run_id}: {row['own_test_error']:.2f}% on its {row['test_images']:,} test images "
+                f"(recorded {row['recorded_test_error']:.2f}%), {row['held_out_test_error']:.2f}% on "
+                f"{row['held_out_images']:,} held out")
+            table = pd.concat([table[table["run_id"] != run.run_id], pd.DataFrame([row])], ignore_index=True)
+            write_csv(csv_path, table.to_dict("records"))
+    return table
+
+
+def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray) -> dict:
+    """How far B's error is below A's on the same images, with its paired standard error and
+    McNemar's exact two-sided p-value (a binomial test on the images exactly one gets right)."""
+    only_a, only_b = int(np.sum(correct_a & ~correct_b)), int(np.sum(~correct_a & correct_b))
+    n, discordant = len(correct_a), only_a + only_b
+    return {
+        "images": n, "error_a": error(correct_a), "error_b": error(correct_b),
+        "lead": 100.0 * (only_b - only_a) / n,
+        "paired_se": 100.0 * math.sqrt(discordant - (only_b - only_a) ** 2 / n) / n,
+        "only_a_right": only_a, "only_b_right": only_b,
+        "mcnemar_p": binomtest(only_b, discordant).pvalue if discordant else 1.0,
+    }
+
+
+def paired_comparisons(predictions: pd.DataFrame, reference: str = "greedy") -> pd.DataFrame:
+    """Every run beside the `reference` regime's run with the same PAIRING_KEY, on the test
+    images neither used (all of them when the runs scored the whole split).
+
+    One row per pair: the other run's description, both recorded errors and `paired_difference`
+    with A = the reference, so `lead` > 0 means the other method errs less.
+    """
+    rows = []
+    references = predictions[predictions["regime"] == reference]
+    for _, run in predictions[predictions["regime"] != reference].iterrows():
+        same = (references[PAIRING_KEY] == run[PAIRING_KEY]).all(axis=1)
+        for _, ref in references[same].iterrows():
+            size = int(run["test_split_images"])
+            kept = ~used_images(size, int(run["test_images"])) if run["held_out_images"] else np.ones(size, bool)
+            rows.append(run.drop("correct").to_dict() | {
+                "reference_run_id": ref["run_id"], "reference_recorded_test_error": ref["recorded_test_error"],
+                "compared_on": "held-out" if run["held_out_images"] else "all",
+            } | paired_difference(decode_correct(ref["correct"], size)[kept],
+                                  decode_correct(run["correct"], size)[kept]))
+    return pd.DataFrame(rows)

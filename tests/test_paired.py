@@ -1,0 +1,85 @@
+"""Per-image test predictions and paired comparisons: exact on constructed cases, and end to end."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import run_cli
+from infopro.data import Split
+from infopro.paired import (decode_correct, encode_correct, paired_comparisons, paired_difference, predict_runs,
+                            used_images)
+from infopro.runs import find_runs
+from infopro.train import TrainConfig, train
+
+TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
+                   epochs=1, batch_size=64, lr=0.05, warmup_epochs=1)
+
+
+def quiet(line):
+    pass
+
+
+def test_right_and_wrong_survive_encoding_for_any_length():
+    rng = np.random.default_rng(0)
+    for n in (1, 7, 8, 9, 10_000):
+        correct = rng.random(n) < 0.7
+        assert np.array_equal(decode_correct(encode_correct(correct), n), correct)
+    assert len(encode_correct(np.ones(10_000, bool))) == 2_500
+
+
+def test_used_images_are_those_of_the_subset_a_run_is_scored_on():
+    split = Split(torch.zeros(100, 3, 32, 32, dtype=torch.uint8), torch.arange(100))
+    used = used_images(100, 30)
+    assert used.sum() == 30
+    assert set(np.flatnonzero(used)) == set(split.subset(30).labels.tolist())
+    assert used_images(100, None).all() and used_images(100, 100).all()
+
+
+def test_paired_difference_against_its_definitions():
+    rng = np.random.default_rng(1)
+    a = rng.random(5_000) < 0.7
+    b = np.where(rng.random(5_000) < 0.8, a, rng.random(5_000) < 0.8)  # mostly agrees with a
+    result = paired_difference(a, b)
+    assert result["lead"] == pytest.approx(result["error_a"] - result["error_b"])
+    per_image = b.astype(float) - a.astype(float)  # +1 where only b is right, −1 where only a is
+    assert result["paired_se"] == pytest.approx(100 * per_image.std() / math.sqrt(len(a)))
+    assert result["only_a_right"] + result["only_b_right"] == np.sum(a != b)
+
+
+def test_mcnemar_p_is_one_for_a_tie_and_small_for_a_one_sided_disagreement():
+    a = np.array([True] * 10 + [False] * 10 + [True] * 80)
+    b = np.array([False] * 10 + [True] * 10 + [True] * 80)
+    tie = paired_difference(a, b)
+    assert (tie["lead"], tie["mcnemar_p"]) == (0.0, 1.0)
+    one_sided = paired_difference(np.zeros(100, bool), np.r_[np.ones(12, bool), np.zeros(88, bool)])
+    assert one_sided["lead"] == 12.0 and one_sided["mcnemar_p"] == pytest.approx(2 * 0.5 ** 12)
+    same = paired_difference(a, a)
+    assert (same["lead"], same["paired_se"], same["mcnemar_p"]) == (0.0, 0.0, 1.0)
+
+
+def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_images(tmp_path):
+    train(TINY, tmp_path / "runs" / "greedy", device="cpu", log=quiet)
+    infopro = TrainConfig(**{**TINY.__dict__, "regime": "infopro", "task_loss": "softmax"})
+    train(infopro, tmp_path / "runs" / "infopro", device="cpu", log=quiet)
+    csv, lines = tmp_path / "test_predictions.csv", []
+    table = predict_runs(find_runs(tmp_path / "runs"), csv, torch.device("cpu"), log=lines.append)
+    assert list(table["own_test_error"]) == list(table["recorded_test_error"])
+    assert list(table["held_out_images"]) == [1000 - 64] * 2
+
+    predict_runs(find_runs(tmp_path / "runs"), csv, torch.device("cpu"), log=lines.append)
+    assert sum("already scored" in line for line in lines) == 2
+
+    pairs = paired_comparisons(pd.read_csv(csv))
+    assert len(pairs) == 1
+    pair, greedy = pairs.iloc[0], table[table["regime"] == "greedy"].iloc[0]
+    assert pair["regime"] == "infopro" and pair["compared_on"] == "held-out" and pair["images"] == 936
+    assert pair["error_a"] == pytest.approx(greedy["held_out_test_error"])
+    assert pair["lead"] == pytest.approx(pair["error_a"] - pair["held_out_test_error"])
+
+
+def test_an_unmatched_selection_gets_one_line_and_exit_2(tmp_path):
+    result = run_cli("analysis.test_predictions", "--runs", str(tmp_path), "--only", "nothing")
+    assert result.returncode == 2 and result.stderr.strip() == "error: no finished run matches nothing"
