@@ -8,7 +8,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: setup test fig7 fig8 fig10 fig_memory fig_schedule figures table2 table3 table_schedule tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
+.PHONY: setup test fig7 fig8 fig10 fig_memory fig_schedule figures table2 table3 table_schedule table_paired tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
 
 setup:
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
@@ -16,12 +16,12 @@ setup:
 test:
 	$(PYTHON) -m pytest
 
-fig7 fig8 fig10 fig_memory fig_schedule table2 table3 table_schedule:
+fig7 fig8 fig10 fig_memory fig_schedule table2 table3 table_schedule table_paired:
 	@$(PYTHON) -m analysis.build $@ --results $(RESULTS)
 
 figures: fig7 fig8 fig10 fig_memory fig_schedule
 
-tables: table2 table3 table_schedule
+tables: table2 table3 table_schedule table_paired
 
 # Analyses of every finished run in results/runs (skips runs already in the CSV).
 probes:

@@ -71,20 +71,20 @@ def predict_runs(runs: list[Run], csv_path, device: torch.device, data_root=None
     """Add a row per run with weights not yet in the CSV (all of them with `force`), rewriting the
     CSV atomically after each, so an interrupted call loses nothing and a re-run does what is left."""
     csv_path = Path(csv_path)
-    table = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame({"run_id": []})
+    rows = pd.read_csv(csv_path).to_dict("records") if csv_path.exists() else []
     for run in runs:
         if not run.has_weights:
             log(f"{run.run_id}: no model.pt, skipped")
-        elif run.run_id in set(table["run_id"]) and not force:
+        elif run.run_id in {row["run_id"] for row in rows} and not force:
             log(f"{run.run_id}: already scored")
         else:
-            row = prediction_row(run, device, data_root)
-            log(f"{run.run_id}: {row['own_test_error']:.2f}% on its {row['test_images']:,} test images "
-                f"(recorded {row['recorded_test_error']:.2f}%), {row['held_out_test_error']:.2f}% on "
-                f"{row['held_out_images']:,} held out")
-            table = pd.concat([table[table["run_id"] != run.run_id], pd.DataFrame([row])], ignore_index=True)
-            write_csv(csv_path, table.to_dict("records"))
-    return table
+            scored = prediction_row(run, device, data_root)
+            log(f"{run.run_id}: {scored['own_test_error']:.2f}% on its {scored['test_images']:,} test images "
+                f"(recorded {scored['recorded_test_error']:.2f}%), {scored['held_out_test_error']:.2f}% on "
+                f"{scored['held_out_images']:,} held out")
+            rows = [row for row in rows if row["run_id"] != run.run_id] + [scored]
+            write_csv(csv_path, rows)
+    return pd.DataFrame(rows)
 
 
 def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray) -> dict:

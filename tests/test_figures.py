@@ -67,7 +67,8 @@ def test_committed_results_are_real_runs_with_provenance():
     fixture, everywhere = {run.run_id for run in runs}, {run.run_id for run in find_runs(RESULTS)}
     for name, analysed in (("linear_probe.csv", fixture), ("mutual_information.csv", fixture),
                            ("schedule-check/linear_probe.csv", everywhere),
-                           ("schedule-check/mutual_information.csv", everywhere)):
+                           ("schedule-check/mutual_information.csv", everywhere),
+                           ("test_predictions.csv", everywhere)):
         rows = pd.read_csv(RESULTS / "analysis" / name)
         assert set(rows["run_id"]) <= analysed, name
         assert not rows["analysis_dirty"].any(), f"{name}: rows made from an uncommitted source tree"
@@ -101,7 +102,7 @@ def test_committed_tables_are_rebuilt_unchanged_and_the_readme_shows_them(result
     """No table number is typed by hand: each is what `make` builds from the committed results, and
     the README's copy is the generated one to the character."""
     readme = (REPO / "README.md").read_text()
-    for target in ("table2", "table3", "table_schedule"):
+    for target in ("table2", "table3", "table_schedule", "table_paired"):
         for path in build(target, results_copy):
             assert path.read_text() == (RESULTS / "tables" / path.name).read_text(), f"{path.name}: rebuild differs"
         assert (RESULTS / "tables" / f"{target}.md").read_text().strip() in readme, f"README's {target} is stale"
@@ -121,7 +122,8 @@ def test_notebooks_execute_headless(notebook):
 def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
     (tmp_path / "runs").mkdir()
     for target, maker in (("fig8", "make probes"), ("fig10", "make mutual-info"), ("fig7", "experiments.grid"),
-                          ("table_schedule", "grid cpu-schedule-check"), ("fig_schedule", "make schedule-analysis")):
+                          ("table_schedule", "grid cpu-schedule-check"), ("fig_schedule", "make schedule-analysis"),
+                          ("table_paired", "make test-predictions")):
         result = run_cli("analysis.build", target, "--results", str(tmp_path))
         assert result.returncode == 2 and maker in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

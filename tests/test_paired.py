@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from infopro import tables
 from infopro.data import Split
 from infopro.paired import (decode_correct, encode_correct, paired_comparisons, paired_difference, predict_runs,
                             used_images)
@@ -78,6 +79,10 @@ def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_ima
     assert pair["regime"] == "infopro" and pair["compared_on"] == "held-out" and pair["images"] == 936
     assert pair["error_a"] == pytest.approx(greedy["held_out_test_error"])
     assert pair["lead"] == pytest.approx(pair["error_a"] - pair["held_out_test_error"])
+
+    table, caption = tables.paired(pd.read_csv(csv))
+    assert table.iloc[0][["K", "epochs", "seed", "images"]].astype(str).tolist() == ["2", "1", "0", "936"]
+    assert "re-scores its recorded error exactly" in caption
 
 
 def test_an_unmatched_selection_gets_one_line_and_exit_2(tmp_path):
