@@ -40,8 +40,8 @@ class Run:
     def load_net(self, device="cpu") -> LocalNet:
         """The trained network in eval mode (BN uses its running statistics)."""
         if not self.has_weights:
-            raise InfoProError(f"{self.path} has no model.pt (git keeps the weights of seed 0 and of the schedule "
-                               "check's seed-1 pairs, which the analyses read)")
+            raise InfoProError(f"{self.path} has no model.pt (git keeps the weights of seed 0 and of the other "
+                               "runs the analyses read: see .gitignore)")
         net = build_net(self.config)
         state = torch.load(self.path / "model.pt", map_location="cpu", weights_only=True)
         net.load_state_dict(state)

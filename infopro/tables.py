@@ -92,20 +92,21 @@ def paired(predictions: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         "seed": pairs["seed"], "images": pairs["images"],
         "greedy SL: error (%)": pairs["error_a"].map("{:.2f}".format),
         "InfoPro: error (%)": pairs["error_b"].map("{:.2f}".format),
-        "lead ± paired SE (points)": [f"{lead:+.2f} ± {se:.2f}" for lead, se in zip(pairs["lead"], pairs["paired_se"])],
+        "lead ± paired SE (points)": [f"{a:+.2f} ± {b:.2f}" for a, b in zip(pairs["lead"], pairs["paired_se"])],
         "McNemar p": pairs["mcnemar_p"].map(p_value),
         "lead on the recorded images": (pairs["reference_recorded_test_error"] - pairs["recorded_test_error"])
         .map("{:+.2f}".format),
     })
     images = {"held-out": "the test images neither network was trained on or reported on",
               "all": "the whole test split, on which their recorded errors were also measured"}
+    compared = " or ".join(images[c] for c in pairs["compared_on"].unique())
+    trained = ", ".join(f"{n:,}" for n in pairs["train_images"].unique())
     reproduced = (predictions["own_test_error"] - predictions["recorded_test_error"]).abs().max()
     caption = (f"Paired comparison, {', '.join(pairs['arch'].unique())}: InfoPro against greedy SL of the same K, "
-               f"recipe and seed, scored image by image on {' or '.join(images[c] for c in pairs['compared_on'].unique())} "
-               f"({', '.join(pairs['dataset'].unique())}, {', '.join(f'{n:,}' for n in pairs['train_images'].unique())} "
-               f"train images; lead = greedy SL's error − InfoPro's, with its paired standard error; McNemar's exact "
-               f"two-sided p). Last column: the lead on the images of the runs' recorded errors. Each of the "
-               f"{len(predictions)} scored networks re-scores its recorded error "
+               f"recipe and seed, scored image by image on {compared} ({', '.join(pairs['dataset'].unique())}, "
+               f"{trained} train images; lead = greedy SL's error − InfoPro's, with its paired standard error; "
+               f"McNemar's exact two-sided p). Last column: the lead on the images of the runs' recorded errors. "
+               f"Each of the {len(predictions)} scored networks re-scores its recorded error "
                f"{'exactly' if reproduced == 0 else f'to within {reproduced:.2f} points'}.")
     return table.reset_index(drop=True), caption
 

@@ -74,6 +74,12 @@ def test_committed_results_are_real_runs_with_provenance():
         assert not rows["analysis_dirty"].any(), f"{name}: rows made from an uncommitted source tree"
 
 
+def test_every_scored_network_has_its_weights_committed():
+    """table_paired can be remade from a clone: `make test-predictions` finds every network it scored."""
+    scored = set(pd.read_csv(RESULTS / "analysis" / "test_predictions.csv")["run_id"])
+    assert scored == {run.run_id for run in find_runs(RESULTS) if run.has_weights}
+
+
 def record_names(results) -> set[str]:
     """Every column of the committed record CSVs and every key of the runs' JSON files, a module's
     index written `<k>` (`loss_m3` -> `loss_m<k>`). The tables' human-readable headers are not records."""

@@ -61,6 +61,19 @@ def test_mcnemar_p_is_one_for_a_tie_and_small_for_a_one_sided_disagreement():
     assert (same["lead"], same["paired_se"], same["mcnemar_p"]) == (0.0, 0.0, 1.0)
 
 
+def test_runs_on_the_whole_split_pair_on_all_of_it_and_only_with_their_own_seed():
+    rng = np.random.default_rng(2)
+    def scored(regime, seed):
+        return {"run_id": f"{regime}-s{seed}", "regime": regime, "dataset": "synthetic", "arch": "resnet32", "K": 2,
+                "split": "paper", "seed": seed, "recipe": "r", "precision": "fp32", "test_split_images": 50,
+                "test_images": 50, "held_out_images": 0, "recorded_test_error": 0.0,
+                "correct": encode_correct(rng.random(50) < 0.5)}
+    pairs = paired_comparisons(pd.DataFrame([scored("greedy", 0), scored("infopro", 0), scored("infopro", 1)]))
+    assert len(pairs) == 1
+    assert pairs.iloc[0][["run_id", "reference_run_id", "compared_on", "images"]].tolist() == [
+        "infopro-s0", "greedy-s0", "all", 50]
+
+
 def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_images(tmp_path):
     train(TINY, tmp_path / "runs" / "greedy", device="cpu", log=quiet)
     infopro = TrainConfig(**{**TINY.__dict__, "regime": "infopro", "task_loss": "softmax"})
