@@ -12,6 +12,7 @@ import pandas as pd
 from infopro import plots, tables
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
+from infopro.paired import read_predictions
 from infopro.runs import find_runs, runs_table, schedule_pairs
 
 # How to make each input, and what it cost when we made it (see README, "What each step costs").
@@ -81,7 +82,7 @@ def load_schedule_analysis(results) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def load_test_predictions(results) -> pd.DataFrame:
-    return pd.read_csv(require(Path(results) / "analysis" / "test_predictions.csv", "test-predictions"))
+    return read_predictions(require(Path(results) / "analysis" / "test_predictions.csv", "test-predictions"))
 
 
 def load_bench(results) -> pd.DataFrame:

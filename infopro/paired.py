@@ -45,8 +45,14 @@ def used_images(size: int, test_subset: int | None) -> np.ndarray:
     return used
 
 
+def read_predictions(path) -> pd.DataFrame:
+    """test_predictions.csv as written: `correct` stays text even where its hex has no letter."""
+    return pd.read_csv(path, dtype={"correct": str})
+
+
 def error(correct: np.ndarray) -> float:
-    return 100.0 * (1 - correct.mean()) if len(correct) else math.nan
+    """Error (%) computed as the trainer's `evaluate` computes it, so a re-score can equal it exactly."""
+    return 100.0 * np.count_nonzero(~correct) / len(correct) if len(correct) else math.nan
 
 
 def prediction_row(run: Run, device: torch.device, data_root=None) -> dict:
@@ -71,7 +77,7 @@ def predict_runs(runs: list[Run], csv_path, device: torch.device, data_root=None
     """Add a row per run with weights not yet in the CSV (all of them with `force`), rewriting the
     CSV atomically after each, so an interrupted call loses nothing and a re-run does what is left."""
     csv_path = Path(csv_path)
-    rows = pd.read_csv(csv_path).to_dict("records") if csv_path.exists() else []
+    rows = read_predictions(csv_path).to_dict("records") if csv_path.exists() else []
     for run in runs:
         if not run.has_weights:
             log(f"{run.run_id}: no model.pt, skipped")

@@ -107,7 +107,7 @@ def paired(predictions: pd.DataFrame) -> tuple[pd.DataFrame, str]:
                f"{trained} train images; lead = greedy SL's error − InfoPro's, with its paired standard error; "
                f"McNemar's exact two-sided p). Last column: the lead on the images of the runs' recorded errors. "
                f"Each of the {len(predictions)} scored networks re-scores its recorded error "
-               f"{'exactly' if reproduced == 0 else f'to within {reproduced:.2f} points'}.")
+               f"{'exactly' if reproduced < 1e-9 else f'to within {reproduced:.2f} points'}.")
     return table.reset_index(drop=True), caption
 
 

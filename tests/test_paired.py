@@ -11,7 +11,7 @@ from conftest import run_cli
 from infopro import tables
 from infopro.data import Split
 from infopro.paired import (decode_correct, encode_correct, paired_comparisons, paired_difference, predict_runs,
-                            used_images)
+                            read_predictions, used_images)
 from infopro.runs import find_runs
 from infopro.train import TrainConfig, train
 
@@ -29,6 +29,13 @@ def test_right_and_wrong_survive_encoding_for_any_length():
         correct = rng.random(n) < 0.7
         assert np.array_equal(decode_correct(encode_correct(correct), n), correct)
     assert len(encode_correct(np.ones(10_000, bool))) == 2_500
+
+
+def test_predictions_whose_hex_has_no_letter_read_back_as_written(tmp_path):
+    correct = np.unpackbits(np.array([0x01, 0x23], dtype=np.uint8)).astype(bool)
+    assert encode_correct(correct) == "0123"
+    pd.DataFrame({"run_id": ["r"], "correct": ["0123"]}).to_csv(tmp_path / "p.csv", index=False)
+    assert np.array_equal(decode_correct(read_predictions(tmp_path / "p.csv")["correct"][0], 16), correct)
 
 
 def test_used_images_are_those_of_the_subset_a_run_is_scored_on():
@@ -86,14 +93,14 @@ def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_ima
     predict_runs(find_runs(tmp_path / "runs"), csv, torch.device("cpu"), log=lines.append)
     assert sum("already scored" in line for line in lines) == 2
 
-    pairs = paired_comparisons(pd.read_csv(csv))
+    pairs = paired_comparisons(read_predictions(csv))
     assert len(pairs) == 1
     pair, greedy = pairs.iloc[0], table[table["regime"] == "greedy"].iloc[0]
     assert pair["regime"] == "infopro" and pair["compared_on"] == "held-out" and pair["images"] == 936
     assert pair["error_a"] == pytest.approx(greedy["held_out_test_error"])
     assert pair["lead"] == pytest.approx(pair["error_a"] - pair["held_out_test_error"])
 
-    table, caption = tables.paired(pd.read_csv(csv))
+    table, caption = tables.paired(read_predictions(csv))
     assert table.iloc[0][["K", "epochs", "seed", "images"]].astype(str).tolist() == ["2", "1", "0", "936"]
     assert "re-scores its recorded error exactly" in caption
 
