@@ -9,12 +9,15 @@ import io
 import json
 import math
 import os
+import pickle
 import platform
 import subprocess
 import tempfile
 from pathlib import Path
 
 import torch
+
+from infopro.errors import DataError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN = "unknown"  # a provenance field nobody could read
@@ -70,6 +73,16 @@ def save_torch(path, obj) -> None:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     atomic_write(path, buffer.getvalue())
+
+
+def load_torch(path, remedy: str):
+    """What `save_torch` wrote to `path`, on the CPU. `save_torch` never leaves half a file, but a
+    copy can be truncated or a disk can fail: that is one line naming the file and `remedy`."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as error:
+        raise DataError(f"{path} is corrupt, truncated or not a file this repository wrote "
+                        f"({type(error).__name__}); {remedy}") from None
 
 
 def git_state(root=REPO_ROOT) -> dict:

@@ -4,12 +4,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from infopro.data import Dataset, load_dataset
 from infopro.errors import DataError, InfoProError
 from infopro.local import LocalNet
-from infopro.records import read_json
+from infopro.records import load_torch, read_json
 from infopro.train import TrainConfig, build_net
 
 
@@ -43,8 +42,12 @@ class Run:
             raise InfoProError(f"{self.path} has no model.pt (git keeps the weights of seed 0 and of the other "
                                "runs the analyses read: see .gitignore)")
         net = build_net(self.config)
-        state = torch.load(self.path / "model.pt", map_location="cpu", weights_only=True)
-        net.load_state_dict(state)
+        state = load_torch(self.path / "model.pt", "restore it from git or train the run again")
+        try:
+            net.load_state_dict(state)
+        except (RuntimeError, TypeError, AttributeError):
+            raise DataError(f"{self.path / 'model.pt'} does not hold this run's network (its tensors' names or "
+                            "shapes differ from the network config.json describes)") from None
         return net.to(device).eval()
 
     def load_whole_data(self, data_root=None) -> Dataset:

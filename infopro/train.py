@@ -27,7 +27,7 @@ from infopro.local import (REGIMES, TASK_LOSSES, LocalModule, LocalNet, build_lo
                            run_layers)
 from infopro.memory import SavedActivations, cuda_peak
 from infopro.models import ARCHS
-from infopro.records import provenance, read_json, save_torch, write_csv, write_json
+from infopro.records import load_torch, provenance, read_json, save_torch, write_csv, write_json
 from infopro.splits import LossWeights, loss_weights, module_ends
 
 PRECISIONS = ("fp32", "bf16")
@@ -262,10 +262,11 @@ class RunDir:
         checkpoint = self.path / "checkpoint.pt"
         if not checkpoint.exists():
             return None
+        state = load_torch(checkpoint, "delete it to train the run again from its first epoch")
         # Epochs after this point ran on this machine and software: say so beside the first.
         stored.setdefault("resumed", []).append(self.record["provenance"])
         write_json(config_file, stored)
-        return torch.load(checkpoint, map_location="cpu", weights_only=True)
+        return state
 
     @property
     def finished(self) -> bool:

@@ -10,8 +10,9 @@ import torch
 
 import infopro.train
 from conftest import REPO, run_cli
-from infopro.errors import DivergedError, RunDirError
+from infopro.errors import DataError, DivergedError, RunDirError
 from infopro.records import git_state
+from infopro.runs import find_runs
 from infopro.train import TrainConfig, train
 
 TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
@@ -62,6 +63,24 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, mo
         train(TINY, run, device="cpu", log=quiet, resume=True)
     assert torch.load(run / "checkpoint.pt", weights_only=True)["epoch"] == 1
     assert len(pd.read_csv(run / "metrics.csv")) == 1
+
+
+def test_a_corrupt_checkpoint_or_model_is_one_error_naming_the_file(tmp_path):
+    assert train(TINY, tmp_path / "cut", device="cpu", log=quiet, stop_after_epoch=1) is None
+    checkpoint = tmp_path / "cut" / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    with pytest.raises(DataError, match="checkpoint.pt is corrupt, truncated"):
+        train(TINY, tmp_path / "cut", device="cpu", log=quiet, resume=True)
+    assert "resumed" not in json.loads((tmp_path / "cut" / "config.json").read_text())
+
+    train(TINY, tmp_path / "runs" / "whole", device="cpu", log=quiet)
+    model = tmp_path / "runs" / "whole" / "model.pt"
+    model.write_bytes(b"not a tensor file")
+    with pytest.raises(DataError, match="model.pt is corrupt, truncated"):
+        find_runs(tmp_path / "runs")[0].load_net()
+    torch.save({"head.weight": torch.zeros(1)}, model)
+    with pytest.raises(DataError, match="model.pt does not hold this run's network"):
+        find_runs(tmp_path / "runs")[0].load_net()
 
 
 def test_a_directory_holding_another_run_is_refused(tmp_path):
