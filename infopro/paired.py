@@ -40,8 +40,10 @@ def decode_correct(text: str, n: int) -> np.ndarray:
 
 def used_images(size: int, test_subset: int | None) -> np.ndarray:
     """Which images of a test split of `size` a run with `test_subset` was scored on (all when None)."""
+    if not test_subset or test_subset >= size:
+        return np.ones(size, dtype=bool)
     used = np.zeros(size, dtype=bool)
-    used[subset_indices(size, test_subset).numpy() if test_subset and test_subset < size else slice(None)] = True
+    used[subset_indices(size, test_subset).numpy()] = True
     return used
 
 
