@@ -45,7 +45,12 @@ def write_json(path, record) -> None:
 
 
 def read_json(path) -> dict:
-    return json.loads(Path(path).read_text())
+    """A record this repository wrote; a file edited into invalid JSON is one line naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path} is not valid JSON ({error.msg}, line {error.lineno}); "
+                        "restore it from git or from the run that wrote it") from None
 
 
 def write_csv(path, rows: list[dict]) -> None:

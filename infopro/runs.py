@@ -94,13 +94,18 @@ def last_epoch_images_per_second(run) -> float:
     return images / metrics["epoch_seconds"].iloc[-1]
 
 
+def load_run(path) -> Run:
+    """The finished run in directory `path`."""
+    path = Path(path)
+    if not (path / "config.json").is_file() or not (path / "summary.json").is_file():
+        raise InfoProError(f"{path} is not a finished run directory (it needs config.json and summary.json)")
+    return Run(path, read_json(path / "config.json"), read_json(path / "summary.json"))
+
+
 def find_runs(root) -> list[Run]:
     """Every finished run below `root`, sorted by run id."""
-    runs = []
-    for summary in sorted(Path(root).glob("**/summary.json")):
-        path = summary.parent
-        if (path / "config.json").exists():
-            runs.append(Run(path, read_json(path / "config.json"), read_json(summary)))
+    runs = [load_run(summary.parent) for summary in Path(root).glob("**/summary.json")
+            if (summary.parent / "config.json").exists()]
     return sorted(runs, key=lambda run: run.run_id)
 
 

@@ -1,0 +1,82 @@
+"""Replaying a finished run: it must match its record exactly, rebuild left-out weights, and say where it differs."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import run_cli
+from infopro.errors import DataError
+from infopro.retrain import retrain
+from infopro.runs import load_run
+from infopro.train import TrainConfig, train
+
+TINY = TrainConfig(regime="infopro", K=2, dataset="synthetic", train_subset=128, test_subset=64,
+                   epochs=2, batch_size=64, lr=0.05, warmup_epochs=1)
+
+
+def quiet(line):
+    pass
+
+
+@pytest.fixture
+def finished(tmp_path):
+    """A finished tiny run, and the weights it was trained to."""
+    path = tmp_path / "runs" / "tiny"
+    train(TINY, path, device="cpu", log=quiet)
+    return path, torch.load(path / "model.pt", weights_only=True)
+
+
+def test_a_replay_matches_its_record_and_rebuilds_weights_left_out(finished, tmp_path):
+    path, trained = finished
+    assert retrain(load_run(path), tmp_path / "work", log=quiet) == []  # metrics and weights compared
+    (path / "model.pt").unlink()
+    assert retrain(load_run(path), tmp_path / "work", restore=True, log=quiet) == []
+    rebuilt = torch.load(path / "model.pt", weights_only=True)
+    assert rebuilt.keys() == trained.keys() and all(torch.equal(rebuilt[k], trained[k]) for k in trained)
+    provenance = json.loads((path / "weights.json").read_text())["replay_provenance"]
+    assert provenance["device"] == "cpu" and provenance["git_commit"]
+
+
+def test_a_replay_that_differs_says_where_and_restores_nothing(finished, tmp_path):
+    path, trained = finished
+    metrics = pd.read_csv(path / "metrics.csv")
+    metrics.loc[1, "test_error"] += 0.5
+    metrics.to_csv(path / "metrics.csv", index=False)
+    (path / "model.pt").unlink()
+    differences = retrain(load_run(path), tmp_path / "work", restore=True, log=quiet)
+    assert len(differences) == 1 and differences[0].startswith("epoch 2 test_error: recorded")
+    assert not (path / "model.pt").exists() and not (path / "weights.json").exists()
+
+    torch.save(trained | {"backbone.head.2.weight": trained["backbone.head.2.weight"] + 1}, path / "model.pt")
+    assert "model.pt tensor backbone.head.2.weight differs" in retrain(load_run(path), tmp_path / "work", log=quiet)
+
+
+def test_the_replayed_data_must_be_the_recorded_data(finished, tmp_path):
+    path, _ = finished
+    record = json.loads((path / "config.json").read_text())
+    record["dataset"]["fingerprint"] = "0" * 16
+    (path / "config.json").write_text(json.dumps(record))
+    with pytest.raises(DataError, match="differs from the data"):
+        retrain(load_run(path), tmp_path / "work", log=quiet)
+    assert not (tmp_path / "work").exists()  # refused before training
+
+
+def test_cli_exit_codes(finished, tmp_path):
+    path, _ = finished
+    work = ["--work", str(tmp_path / "work")]
+    matched = run_cli("experiments.retrain", str(path), *work)
+    assert matched.returncode == 0 and "matches the record in every epoch" in matched.stdout
+
+    metrics = pd.read_csv(path / "metrics.csv")
+    metrics.loc[0, "loss_m1"] *= 1.01
+    metrics.to_csv(path / "metrics.csv", index=False)
+    differs = run_cli("experiments.retrain", str(path), *work)
+    assert differs.returncode == 1 and "epoch 1 loss_m1" in differs.stdout
+    assert differs.stderr.strip().startswith("error: 1 of 1 replays differ") and len(differs.stderr.splitlines()) == 1
+
+    (path / "summary.json").write_text("{")
+    for bad, message in ((tmp_path, "not a finished run directory"), (path, "summary.json is not valid JSON")):
+        result = run_cli("experiments.retrain", str(bad), *work)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
