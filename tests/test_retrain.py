@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from infopro.errors import DataError
+from infopro.errors import DataError, InfoProError
 from infopro.retrain import retrain
 from infopro.runs import load_run
 from infopro.train import TrainConfig, train
@@ -32,6 +32,8 @@ def test_a_replay_matches_its_record_and_rebuilds_weights_left_out(finished, tmp
     path, trained = finished
     assert retrain(load_run(path), tmp_path / "work", log=quiet) == []  # metrics and weights compared
     (path / "model.pt").unlink()
+    with pytest.raises(InfoProError, match="rebuild them with python -m experiments.retrain"):
+        load_run(path).load_net()
     assert retrain(load_run(path), tmp_path / "work", restore=True, log=quiet) == []
     rebuilt = torch.load(path / "model.pt", weights_only=True)
     assert rebuilt.keys() == trained.keys() and all(torch.equal(rebuilt[k], trained[k]) for k in trained)
