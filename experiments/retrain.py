@@ -4,7 +4,8 @@
         --data-root .data --restore-weights
 
 Each replay trains in `--work`/<run id> (resumable: run the command again to continue one cut
-by --time-budget or an interrupt) on the device type the run was recorded on. It must equal the
+by --time-budget or an interrupt) on the device type the run was recorded on; bit for bit only on
+the processor it was recorded on (it says so when the processors differ). It must equal the
 recorded metrics.csv in every epoch and column but the timings, and the recorded model.pt tensor
 by tensor where the run has one. With --restore-weights a run without model.pt gets the
 replay's once they agree, with weights.json beside it naming the replay's provenance: how the

@@ -2,20 +2,21 @@
 
 Training on the CPU is deterministic here: the initial weights, and each epoch's shuffling and
 augmentation, are drawn from generators seeded by the run's seed (and the epoch), so the same
-config on the same data gives the same losses, errors and weights in every epoch. Git therefore
-keeps the weights of only the runs the analyses read; any other run's `model.pt` can be rebuilt,
-and the rebuild proves itself by matching the recorded `metrics.csv` in every epoch and column
-but the timings. On a GPU, cuDNN's kernels are not bit-reproducible, so a replay there is
-expected to differ in the last digits.
+config on the same data, processor and software gives the same losses, errors and weights in
+every epoch. Git therefore keeps the weights of only the runs the analyses read; any other run's
+`model.pt` can be rebuilt where it was trained, and the rebuild proves itself by matching the
+recorded `metrics.csv` in every epoch and column but the timings. Another processor's kernels
+can differ in the last bits, which training then amplifies (the README's "Replaying a run" says
+where that happened), and on a GPU cuDNN's kernels are not bit-reproducible at all.
 """
 
 import csv
 from pathlib import Path
 
 from infopro.errors import InfoProError
-from infopro.records import atomic_write, git_state, load_torch, read_json, write_json
+from infopro.records import atomic_write, device_name, git_state, load_torch, read_json, write_json
 from infopro.runs import Run
-from infopro.train import train
+from infopro.train import resolve_device, train
 
 SHOWN_DIFFERENCES = 5  # per run; the count says how many more
 
@@ -76,6 +77,11 @@ def restore_weights(run: Run, replay: Path) -> None:
     })
 
 
+def recorded_devices(record: dict) -> set[str]:
+    """The processors a run was trained on: the first call's and those of its resumptions."""
+    return {part["device_name"] for part in [record["provenance"], *record.get("resumed", [])]}
+
+
 def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, restore: bool = False,
             time_budget: float | None = None, log=print) -> list[str] | None:
     """Replay `run` into `work`/<run id> (resuming a replay already there); return its differences
@@ -86,9 +92,14 @@ def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, 
     tensor by tensor instead.
     """
     run.load_whole_data(data_root)  # a different copy of the data fails now, not after training
+    device = resolve_device(device or run.record["provenance"]["device"])
+    recorded = recorded_devices(run.record)
+    if recorded != {device_name(device)}:
+        log(f"{run.run_id}: recorded on {', '.join(sorted(recorded))}, replayed on {device_name(device)}; "
+            "kernels that differ between processors can change the last bits, and training amplifies them")
     replay = Path(work) / run.run_id
-    if train(run.config, replay, device=device or run.record["provenance"]["device"], data_root=data_root,
-             resume=True, time_budget=time_budget, log=log) is None:
+    if train(run.config, replay, device=str(device), data_root=data_root, resume=True, time_budget=time_budget,
+             log=log) is None:
         return None
     differences = metrics_differences(run.path / "metrics.csv", replay / "metrics.csv")
     if run.has_weights:

@@ -92,7 +92,7 @@ def record_names(results) -> set[str]:
     csvs = [path for folder in ("analysis", "bench", "reference") for path in (results / folder).rglob("*.csv")]
     csvs += list(results.rglob("metrics.csv"))
     names = {column for path in csvs for column in pd.read_csv(path, nrows=0).columns}
-    names |= {key for name in ("config.json", "summary.json") for path in results.rglob(name)
+    names |= {key for name in ("config.json", "summary.json", "weights.json") for path in results.rglob(name)
               for key in keys(read_json(path))}
     return {re.sub(r"_m\d+$", "_m<k>", name) for name in names}
 

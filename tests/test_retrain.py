@@ -40,6 +40,15 @@ def test_a_replay_matches_its_record_and_rebuilds_weights_left_out(finished, tmp
     provenance = json.loads((path / "weights.json").read_text())["replay_provenance"]
     assert provenance["device"] == "cpu" and provenance["git_commit"]
 
+    record = json.loads((path / "config.json").read_text())
+    record["provenance"]["device_name"] = "another processor"
+    (path / "config.json").write_text(json.dumps(record))
+    lines = []
+    assert retrain(load_run(path), tmp_path / "work", log=lines.append) == []
+    assert any(line.endswith("recorded on another processor, replayed on " + provenance["device_name"] +
+                             "; kernels that differ between processors can change the last bits, "
+                             "and training amplifies them") for line in lines), lines
+
 
 def test_a_replay_that_differs_says_where_and_restores_nothing(finished, tmp_path):
     path, trained = finished
