@@ -7,7 +7,8 @@ fig7: test error vs K (Table 2's runs); fig8: linear separability per layer (lin
 fig10: I(h,x) and I(h,y) per layer (mutual_information.csv); table2: ours vs the paper;
 fig_memory and table3: the memory benchmark (bench/); table_schedule: the same runs at two
 schedule lengths (schedule-check/ beside runs/); table_paired: InfoPro against greedy SL image by
-image on test images no run used (test_predictions.csv).
+image on test images no run used (test_predictions.csv); table_e2e_gap: greedy SL and InfoPro
+against E2E the same way.
 Each takes a few seconds on a CPU.
 """
 

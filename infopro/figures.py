@@ -150,6 +150,7 @@ TABLES = {
     "table3": table3,
     "table_schedule": lambda r: tables.schedule_check(load_schedule_pairs(r)),
     "table_paired": lambda r: tables.paired(load_test_predictions(r)),
+    "table_e2e_gap": lambda r: tables.e2e_gap(load_test_predictions(r)),
 }
 TARGETS = (*FIGURES, *TABLES)
 

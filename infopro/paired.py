@@ -29,6 +29,12 @@ from infopro.train import predict
 PAIRING_KEY = ["dataset", "arch", "K", "split", "seed", "recipe", "precision", "test_split_images"]
 
 
+def pairing_key(reference: str) -> list[str]:
+    """What a run must share with its reference run: E2E has no modules (K = 1, no split), so
+    each locally supervised run is set beside the E2E run of its data, recipe and seed."""
+    return [key for key in PAIRING_KEY if key not in ("K", "split")] if reference == "e2e" else PAIRING_KEY
+
+
 def encode_correct(correct: np.ndarray) -> str:
     """Right/wrong per image as hex, one bit per image (10,000 images: 2,500 characters)."""
     return np.packbits(correct.astype(bool)).tobytes().hex()
@@ -110,16 +116,16 @@ def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray) -> dict:
 
 
 def paired_comparisons(predictions: pd.DataFrame, reference: str = "greedy") -> pd.DataFrame:
-    """Every run beside the `reference` regime's run with the same PAIRING_KEY, on the test
+    """Every run beside the `reference` regime's run with the same `pairing_key`, on the test
     images neither used (all of them when the runs scored the whole split).
 
     One row per pair: the other run's description, both recorded errors and `paired_difference`
     with A = the reference, so `lead` > 0 means the other method errs less.
     """
-    rows = []
+    rows, key = [], pairing_key(reference)
     references = predictions[predictions["regime"] == reference]
     for _, run in predictions[predictions["regime"] != reference].iterrows():
-        same = (references[PAIRING_KEY] == run[PAIRING_KEY]).all(axis=1)
+        same = (references[key] == run[key]).all(axis=1)
         for _, ref in references[same].iterrows():
             size = int(run["test_split_images"])
             kept = ~used_images(size, int(run["test_images"])) if run["held_out_images"] else np.ones(size, bool)

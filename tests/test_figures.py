@@ -75,7 +75,8 @@ def test_committed_results_are_real_runs_with_provenance():
 
 
 def test_every_scored_network_has_its_weights_committed():
-    """table_paired can be remade from a clone: `make test-predictions` finds every network it scored."""
+    """table_paired and table_e2e_gap can be remade from a clone: `make test-predictions` finds every
+    network they scored."""
     scored = set(pd.read_csv(RESULTS / "analysis" / "test_predictions.csv")["run_id"])
     assert scored == {run.run_id for run in find_runs(RESULTS) if run.has_weights}
 
@@ -108,7 +109,7 @@ def test_committed_tables_are_rebuilt_unchanged_and_the_readme_shows_them(result
     """No table number is typed by hand: each is what `make` builds from the committed results, and
     the README's copy is the generated one to the character."""
     readme = (REPO / "README.md").read_text()
-    for target in ("table2", "table3", "table_schedule", "table_paired"):
+    for target in ("table2", "table3", "table_schedule", "table_paired", "table_e2e_gap"):
         for path in build(target, results_copy):
             assert path.read_text() == (RESULTS / "tables" / path.name).read_text(), f"{path.name}: rebuild differs"
         assert (RESULTS / "tables" / f"{target}.md").read_text().strip() in readme, f"README's {target} is stale"
@@ -129,7 +130,7 @@ def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
     (tmp_path / "runs").mkdir()
     for target, maker in (("fig8", "make probes"), ("fig10", "make mutual-info"), ("fig7", "experiments.grid"),
                           ("table_schedule", "grid cpu-schedule-check"), ("fig_schedule", "make schedule-analysis"),
-                          ("table_paired", "make test-predictions")):
+                          ("table_paired", "make test-predictions"), ("table_e2e_gap", "make test-predictions")):
         result = run_cli("analysis.build", target, "--results", str(tmp_path))
         assert result.returncode == 2 and maker in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

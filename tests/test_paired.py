@@ -10,6 +10,7 @@ import torch
 from conftest import run_cli
 from infopro import tables
 from infopro.data import Split
+from infopro.errors import InfoProError
 from infopro.paired import (decode_correct, encode_correct, paired_comparisons, paired_difference, predict_runs,
                             read_predictions, used_images)
 from infopro.runs import find_runs
@@ -68,17 +69,40 @@ def test_mcnemar_p_is_one_for_a_tie_and_small_for_a_one_sided_disagreement():
     assert (same["lead"], same["paired_se"], same["mcnemar_p"]) == (0.0, 0.0, 1.0)
 
 
+def scored_on_whole_split(rng, regime, seed, K=2, split="paper", recipe="r"):
+    """A test_predictions.csv row of a run scored on all 50 images of its split, right at random."""
+    return {"run_id": f"{regime}-K{K}-s{seed}-{recipe}", "regime": regime,
+            "task_loss": "contrast" if regime == "infopro" else None, "dataset": "synthetic",
+            "arch": "resnet32", "K": K, "split": split, "seed": seed, "recipe": recipe, "precision": "fp32",
+            "train_images": 100, "epochs": 1, "test_split_images": 50, "test_images": 50, "held_out_images": 0,
+            "recorded_test_error": 0.0, "own_test_error": 0.0, "correct": encode_correct(rng.random(50) < 0.5)}
+
+
 def test_runs_on_the_whole_split_pair_on_all_of_it_and_only_with_their_own_seed():
     rng = np.random.default_rng(2)
-    def scored(regime, seed):
-        return {"run_id": f"{regime}-s{seed}", "regime": regime, "dataset": "synthetic", "arch": "resnet32", "K": 2,
-                "split": "paper", "seed": seed, "recipe": "r", "precision": "fp32", "test_split_images": 50,
-                "test_images": 50, "held_out_images": 0, "recorded_test_error": 0.0,
-                "correct": encode_correct(rng.random(50) < 0.5)}
-    pairs = paired_comparisons(pd.DataFrame([scored("greedy", 0), scored("infopro", 0), scored("infopro", 1)]))
+    pairs = paired_comparisons(pd.DataFrame([scored_on_whole_split(rng, "greedy", 0),
+                                             scored_on_whole_split(rng, "infopro", 0),
+                                             scored_on_whole_split(rng, "infopro", 1)]))
     assert len(pairs) == 1
     assert pairs.iloc[0][["run_id", "reference_run_id", "compared_on", "images"]].tolist() == [
-        "infopro-s0", "greedy-s0", "all", 50]
+        "infopro-K2-s0-r", "greedy-K2-s0-r", "all", 50]
+
+
+def test_e2e_is_the_reference_of_every_k_of_its_own_recipe_and_seed():
+    rng = np.random.default_rng(3)
+    runs = pd.DataFrame([scored_on_whole_split(rng, "e2e", 0, K=1, split="none"),
+                         scored_on_whole_split(rng, "greedy", 0, K=2), scored_on_whole_split(rng, "infopro", 0, K=4),
+                         scored_on_whole_split(rng, "infopro", 1, K=4),
+                         scored_on_whole_split(rng, "greedy", 0, K=2, recipe="longer")])
+    pairs = paired_comparisons(runs, reference="e2e")
+    assert sorted(pairs["run_id"]) == ["greedy-K2-s0-r", "infopro-K4-s0-r"]
+    assert set(pairs["reference_run_id"]) == {"e2e-K1-s0-r"}
+
+    table, caption = tables.e2e_gap(runs)
+    assert table[["method", "K"]].values.tolist() == [["Greedy SL", 2], ["InfoPro (Contrast)", 4]]
+    assert "E2E: error (%)" in table and "lead = E2E's error − the method's" in caption
+    with pytest.raises(InfoProError, match="no locally supervised run has an E2E run"):
+        tables.e2e_gap(runs[runs["regime"] != "e2e"])
 
 
 def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_images(tmp_path):
