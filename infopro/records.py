@@ -120,17 +120,39 @@ def announced_git_state() -> dict:
     return {"git_commit": os.environ.get("INFOPRO_GIT_COMMIT", "").strip() or UNKNOWN, "git_dirty": dirty}
 
 
+def cpuinfo() -> dict[str, str]:
+    """The first processor's entries in /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    entries = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        entries[key.strip()] = value.strip()
+    return entries
+
+
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's model name (from /proc/cpuinfo where there is one)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+    return cpuinfo().get("model name") or platform.processor() or platform.machine() or "cpu"
+
+
+def processor(device: torch.device) -> dict:
+    """The processor, named as precisely as its kernels need: a CPU's model name alone can hide
+    the generation (virtual machines report "AMD EPYC" for several), so a CPU also gets the vector
+    instruction set ATen dispatches to and its family, model and stepping numbers."""
+    record = {"device_name": device_name(device)}
+    if device.type == "cpu":
+        entries = cpuinfo()
+        generation = [f"{key} {entries[key]}" for key in ("cpu family", "model", "stepping") if key in entries]
+        record.update({"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                       "cpu_generation": ", ".join(generation) or UNKNOWN})
+    return record
 
 
 def provenance(device: torch.device) -> dict:
@@ -142,7 +164,7 @@ def provenance(device: torch.device) -> dict:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "device": device.type,
-        "device_name": device_name(device),
+        **processor(device),
         "cpu_threads": torch.get_num_threads(),
         "host": platform.node(),
     })

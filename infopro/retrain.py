@@ -14,7 +14,7 @@ import csv
 from pathlib import Path
 
 from infopro.errors import InfoProError
-from infopro.records import atomic_write, device_name, git_state, load_torch, read_json, write_json
+from infopro.records import atomic_write, git_state, load_torch, processor, read_json, write_json
 from infopro.runs import Run
 from infopro.train import resolve_device, train
 
@@ -77,9 +77,18 @@ def restore_weights(run: Run, replay: Path) -> None:
     })
 
 
-def recorded_devices(record: dict) -> set[str]:
+def processor_label(part: dict) -> str:
+    """A record's processor as a replay compares it: the name, and for a CPU the instruction set
+    and generation that pick its kernels (records older than those fields say so)."""
+    if part["device"] != "cpu":
+        return part["device_name"]
+    details = [part[key] for key in ("cpu_capability", "cpu_generation") if key in part]
+    return f"{part['device_name']} ({', '.join(details) or 'instruction set and generation not recorded'})"
+
+
+def recorded_processors(record: dict) -> set[str]:
     """The processors a run was trained on: the first call's and those of its resumptions."""
-    return {part["device_name"] for part in [record["provenance"], *record.get("resumed", [])]}
+    return {processor_label(part) for part in [record["provenance"], *record.get("resumed", [])]}
 
 
 def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, restore: bool = False,
@@ -93,9 +102,10 @@ def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, 
     """
     run.load_whole_data(data_root)  # a different copy of the data fails now, not after training
     device = resolve_device(device or run.record["provenance"]["device"])
-    recorded = recorded_devices(run.record)
-    if recorded != {device_name(device)}:
-        log(f"{run.run_id}: recorded on {', '.join(sorted(recorded))}, replayed on {device_name(device)}; "
+    recorded = recorded_processors(run.record)
+    replaying = processor_label({"device": device.type, **processor(device)})
+    if recorded != {replaying}:
+        log(f"{run.run_id}: recorded on {'; '.join(sorted(recorded))}, replayed on {replaying}; "
             "kernels that differ between processors can change the last bits, and training amplifies them")
     replay = Path(work) / run.run_id
     if train(run.config, replay, device=str(device), data_root=data_root, resume=True, time_budget=time_budget,

@@ -40,14 +40,31 @@ def test_a_replay_matches_its_record_and_rebuilds_weights_left_out(finished, tmp
     provenance = json.loads((path / "weights.json").read_text())["replay_provenance"]
     assert provenance["device"] == "cpu" and provenance["git_commit"]
 
+
+def test_a_replay_says_when_the_processor_differs_even_under_the_same_name(finished, tmp_path):
+    path, _ = finished
+    lines = []
+    assert retrain(load_run(path), tmp_path / "work", log=lines.append) == []
+    assert not any("recorded on" in line for line in lines), lines  # the same processor: nothing to say
+
     record = json.loads((path / "config.json").read_text())
-    record["provenance"]["device_name"] = "another processor"
+    here = record["provenance"]
+    record["provenance"] = here | {"cpu_capability": "AVX2", "cpu_generation": "cpu family 25, model 1, stepping 1"}
     (path / "config.json").write_text(json.dumps(record))
     lines = []
     assert retrain(load_run(path), tmp_path / "work", log=lines.append) == []
-    assert any(line.endswith("recorded on another processor, replayed on " + provenance["device_name"] +
-                             "; kernels that differ between processors can change the last bits, "
+    assert any(line.endswith(f"recorded on {here['device_name']} (AVX2, cpu family 25, model 1, stepping 1), "
+                             f"replayed on {here['device_name']} ({here['cpu_capability']}, {here['cpu_generation']}); "
+                             "kernels that differ between processors can change the last bits, "
                              "and training amplifies them") for line in lines), lines
+
+    for key in ("cpu_capability", "cpu_generation"):
+        del record["provenance"][key]  # a record from before these fields
+    (path / "config.json").write_text(json.dumps(record))
+    lines = []
+    assert retrain(load_run(path), tmp_path / "work", log=lines.append) == []
+    assert any(f"recorded on {here['device_name']} (instruction set and generation not recorded)" in line
+               for line in lines), lines
 
 
 def test_a_replay_that_differs_says_where_and_restores_nothing(finished, tmp_path):

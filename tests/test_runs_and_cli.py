@@ -102,7 +102,8 @@ def test_cli_writes_the_run_files(tmp_path):
     record = json.loads((out / "config.json").read_text())
     assert record["resolved"]["module_ends"] == [4, 8, 12]
     assert record["resolved"]["lambda1"] == [6, 3.5, 1]
-    assert {"git_commit", "git_dirty", "torch", "device_name"} <= set(record["provenance"])
+    assert {"git_commit", "git_dirty", "torch", "device_name", "cpu_capability", "cpu_generation"} <= set(
+        record["provenance"])
     assert record["dataset"]["name"] == "synthetic" and len(record["dataset"]["fingerprint"]) == 16
     summary = json.loads((out / "summary.json").read_text())
     assert summary["peak_saved_activation_bytes"] > 0 and summary["peak_cuda_allocated_bytes"] is None
