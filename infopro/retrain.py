@@ -41,9 +41,9 @@ def read_rows(path: Path) -> tuple[list[str], list[dict]]:
         return list(reader.fieldnames or []), list(reader)
 
 
-def metrics_differences(recorded: Path, replayed: Path) -> list[str]:
+def metrics_differences(recorded: Path, replayed: Path, *, so_far: bool = False) -> list[str]:
     """Where the replayed metrics.csv differs from the recorded one, in every column but the
-    timings; empty when they agree in every epoch."""
+    timings; empty when they agree in every epoch (`so_far`: in every epoch the replay has reached)."""
     recorded_columns, recorded_rows = read_rows(recorded)
     replayed_columns, replayed_rows = read_rows(replayed)
     columns = [c for c in recorded_columns if not is_timing(c)]
@@ -53,7 +53,7 @@ def metrics_differences(recorded: Path, replayed: Path) -> list[str]:
     differences = [f"epoch {old['epoch']} {column}: recorded {old[column]}, replayed {new[column]}"
                    for old, new in zip(recorded_rows, replayed_rows)
                    for column in columns if old[column] != new[column]]
-    if len(recorded_rows) != len(replayed_rows):
+    if len(recorded_rows) != len(replayed_rows) and not so_far:
         differences.append(f"metrics.csv epochs: recorded {len(recorded_rows)}, replayed {len(replayed_rows)}")
     return differences
 
@@ -96,9 +96,10 @@ def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, 
     """Replay `run` into `work`/<run id> (resuming a replay already there); return its differences
     from the record (empty: identical), or None when `time_budget` (seconds) ran out first.
 
-    The replay runs on the recorded device type unless `device` names another. With `restore`,
-    a run without weights gets the replay's once they agree; a run with weights has them compared
-    tensor by tensor instead.
+    The replay runs on the recorded device type unless `device` names another, and stops after
+    the first epoch that differs from the record (hours saved where another processor's kernels
+    part it in epoch 1). With `restore`, a run without weights gets the replay's once they agree;
+    a run with weights has them compared tensor by tensor instead.
     """
     run.load_whole_data(data_root)  # a different copy of the data fails now, not after training
     device = resolve_device(device or run.record["provenance"]["device"])
@@ -108,16 +109,28 @@ def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, 
         log(f"{run.run_id}: recorded on {'; '.join(sorted(recorded))}, replayed on {replaying}; "
             "kernels that differ between processors can change the last bits, and training amplifies them")
     replay = Path(work) / run.run_id
-    if train(run.config, replay, device=str(device), data_root=data_root, resume=True, time_budget=time_budget,
-             log=log) is None:
-        return None
-    differences = metrics_differences(run.path / "metrics.csv", replay / "metrics.csv")
+    recorded_metrics, replayed_metrics = run.path / "metrics.csv", replay / "metrics.csv"
+
+    def parted(_epoch: int = 0) -> list[str]:
+        """The replay's differences so far: once it has parted, no later epoch can bring it back."""
+        if not replayed_metrics.exists():
+            return []
+        return metrics_differences(recorded_metrics, replayed_metrics, so_far=True)
+
+    if not parted():  # a replay that parted in an earlier call is not continued
+        summary = train(run.config, replay, device=str(device), data_root=data_root, resume=True,
+                        time_budget=time_budget, stop_when=parted, log=log)
+        if summary is None and not parted():
+            return None  # the time budget ran out
+    differences = metrics_differences(recorded_metrics, replayed_metrics)
+    if differences:
+        return differences
     if run.has_weights:
-        differences += weights_differences(run.path / "model.pt", replay / "model.pt")
-    elif restore and not differences:
+        return weights_differences(run.path / "model.pt", replay / "model.pt")
+    if restore:
         restore_weights(run, replay)
         log(f"{run.path / 'model.pt'}: restored from the replay")
-    return differences
+    return []
 
 
 def report(run: Run, differences: list[str], log=print) -> None:

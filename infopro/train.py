@@ -14,6 +14,7 @@ and ends with the same metrics as an uninterrupted run (CPU, same seed).
 import math
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -449,11 +450,14 @@ def epoch_row(epoch: int, lr: float, losses: list[float], train_error: float, te
 
 
 class EpochBudget:
-    """When to stop a call early: after epoch `stop_after_epoch`, or before overrunning `seconds`."""
+    """When to stop a call early: after epoch `stop_after_epoch`, after an epoch for which
+    `stop_when(epoch)` holds, or before overrunning `seconds`."""
 
-    def __init__(self, stop_after_epoch: int | None = None, seconds: float | None = None):
+    def __init__(self, stop_after_epoch: int | None = None, seconds: float | None = None,
+                 stop_when: Callable[[int], bool] | None = None):
         self.stop_after_epoch = stop_after_epoch
         self.deadline = None if seconds is None else time.monotonic() + seconds
+        self.stop_when = stop_when
 
     def stop_after(self, epoch: int, epochs: int, epoch_seconds: float) -> bool:
         """True if the call should end after `epoch`, judging the next epoch by this one's length."""
@@ -461,24 +465,29 @@ class EpochBudget:
             return False
         if self.stop_after_epoch is not None and epoch >= self.stop_after_epoch:
             return True
+        if self.stop_when is not None and self.stop_when(epoch):
+            return True
         return self.deadline is not None and time.monotonic() + epoch_seconds > self.deadline
 
 
 def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, download: bool = False,
           resume: bool = False, stop_after_epoch: int | None = None, time_budget: float | None = None,
-          log=print, replicas: OneProcess | None = None) -> dict | None:
+          stop_when: Callable[[int], bool] | None = None, log=print,
+          replicas: OneProcess | None = None) -> dict | None:
     """Train `config` into directory `out`; return the summary, or None if stopped early.
 
     Stopping early leaves a resumable run: `stop_after_epoch` ends this call after that
     epoch; `time_budget` (seconds) ends it after the last epoch that is expected to finish
-    within the budget, judged by the duration of the epoch before. By default this process
+    within the budget, judged by the duration of the epoch before; `stop_when(epoch)`, asked
+    once the epoch is written, ends it when true (a replay that has parted from its record).
+    By default this process
     trains alone on `device`; with `replicas` = `infopro.data_parallel.DataParallel` it is one
     rank of a data-parallel job, and only rank 0 evaluates, writes, logs and returns the
     summary. A non-finite loss or a failed write raises on rank 0, whose launcher then stops
     the ranks waiting for its word.
     """
     replicas = replicas or OneProcess(resolve_device(device))
-    budget = EpochBudget(stop_after_epoch, time_budget)
+    budget = EpochBudget(stop_after_epoch, time_budget, stop_when)
     configure_backends(replicas.device)
     opened = replicas.open_run(config, out, data_root, download, resume)
     if opened is None:  # rank 0 could not open the run, and says why

@@ -69,6 +69,7 @@ def test_a_replay_says_when_the_processor_differs_even_under_the_same_name(finis
 
 def test_a_replay_that_differs_says_where_and_restores_nothing(finished, tmp_path):
     path, trained = finished
+    recorded = (path / "metrics.csv").read_text()
     metrics = pd.read_csv(path / "metrics.csv")
     metrics.loc[1, "test_error"] += 0.5
     metrics.to_csv(path / "metrics.csv", index=False)
@@ -77,8 +78,25 @@ def test_a_replay_that_differs_says_where_and_restores_nothing(finished, tmp_pat
     assert len(differences) == 1 and differences[0].startswith("epoch 2 test_error: recorded")
     assert not (path / "model.pt").exists() and not (path / "weights.json").exists()
 
+    (path / "metrics.csv").write_text(recorded)
     torch.save(trained | {"backbone.head.2.weight": trained["backbone.head.2.weight"] + 1}, path / "model.pt")
-    assert "model.pt tensor backbone.head.2.weight differs" in retrain(load_run(path), tmp_path / "work", log=quiet)
+    assert retrain(load_run(path), tmp_path / "work", log=quiet) == ["model.pt tensor backbone.head.2.weight differs"]
+
+
+def test_a_replay_stops_at_the_first_epoch_that_differs(finished, tmp_path):
+    path, _ = finished
+    metrics = pd.read_csv(path / "metrics.csv")
+    metrics.loc[0, "loss_m1"] *= 1 + 1e-7  # a last-bits difference, as another processor's kernels make
+    metrics.to_csv(path / "metrics.csv", index=False)
+    work = tmp_path / "work"
+    differences = retrain(load_run(path), work, log=quiet)
+    assert differences[0].startswith("epoch 1 loss_m1: recorded")
+    assert differences[-1] == "metrics.csv epochs: recorded 2, replayed 1"
+    assert len(pd.read_csv(work / load_run(path).run_id / "metrics.csv")) == 1  # epoch 2 was never trained
+
+    lines = []
+    assert retrain(load_run(path), work, log=lines.append) == differences
+    assert not any(line.startswith("epoch") for line in lines), lines  # a parted replay is not continued
 
 
 def test_the_replayed_data_must_be_the_recorded_data(finished, tmp_path):
