@@ -8,11 +8,11 @@ by --time-budget or an interrupt) on the device type the run was recorded on; bi
 the processor it was recorded on (it says so when the processors differ, by name or, on a CPU, by
 instruction set or generation). It must equal the recorded metrics.csv in every epoch and column
 but the timings, and stops after the first epoch that does not; a finished replay must also equal
-the recorded model.pt tensor by tensor where the run has one. With --restore-weights a run without model.pt gets the
-replay's once they agree, with weights.json beside it naming the replay's provenance: how the
-weights git leaves out are rebuilt for an analysis. Exit 0 when every replay matches, 1 when
-one differs. Costs what training the run cost (a 36-epoch ResNet-32 of the schedule check:
-25 to 100 min on 2 CPU cores).
+the recorded model.pt tensor by tensor where the run has one. With --restore-weights a run
+without model.pt gets the replay's once they agree, with weights.json beside it naming the
+replay's provenance: how the weights git leaves out are rebuilt for an analysis. Exit 0 when
+every replay matches, 1 when one differs. Costs what training the run cost (a 36-epoch
+ResNet-32 of the schedule check: 25 to 100 min on 2 CPU cores).
 """
 
 import time

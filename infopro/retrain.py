@@ -111,7 +111,7 @@ def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, 
     replay = Path(work) / run.run_id
     recorded_metrics, replayed_metrics = run.path / "metrics.csv", replay / "metrics.csv"
 
-    def parted(_epoch: int = 0) -> list[str]:
+    def parted() -> list[str]:
         """The replay's differences so far: once it has parted, no later epoch can bring it back."""
         if not replayed_metrics.exists():
             return []
@@ -119,7 +119,7 @@ def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, 
 
     if not parted():  # a replay that parted in an earlier call is not continued
         summary = train(run.config, replay, device=str(device), data_root=data_root, resume=True,
-                        time_budget=time_budget, stop_when=parted, log=log)
+                        time_budget=time_budget, stop_when=lambda epoch: bool(parted()), log=log)
         if summary is None and not parted():
             return None  # the time budget ran out
     differences = metrics_differences(recorded_metrics, replayed_metrics)
