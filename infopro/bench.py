@@ -366,10 +366,16 @@ def search_max_batches(peak_bytes, caps_bytes: list[float], calibration=(64, 128
     return [largest_fitting(fits_under(cap), predicted_batch(peaks, cap)) for cap in caps_bytes]
 
 
+def cuda_index(device: torch.device) -> int:
+    """The ordinal of a CUDA device: `set_per_process_memory_fraction` refuses a bare "cuda"."""
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
 def cuda_peak_bytes(method: Method, arch: str, precision: str, device: torch.device):
     """`peak_bytes(batch, cap)` for `search_max_batches` on CUDA: two steps at `batch` under a
     real cap (`set_per_process_memory_fraction`); the allocator's cache is emptied after each trial."""
-    total = torch.cuda.get_device_properties(device).total_memory
+    index = cuda_index(device)
+    total = torch.cuda.get_device_properties(index).total_memory
 
     def two_steps(batch):
         _, optimizer, _, forward_backward = prepare_step(method, arch, batch, precision, device)
@@ -380,7 +386,7 @@ def cuda_peak_bytes(method: Method, arch: str, precision: str, device: torch.dev
         return torch.cuda.max_memory_allocated(device)
 
     def peak_bytes(batch, cap):
-        torch.cuda.set_per_process_memory_fraction(1.0 if cap is None else min(1.0, cap / total), device)
+        torch.cuda.set_per_process_memory_fraction(1.0 if cap is None else min(1.0, cap / total), index)
         torch.cuda.reset_peak_memory_stats(device)
         try:
             peak = two_steps(batch)

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from conftest import run_cli
-from infopro.bench import Method, default_methods, largest_fitting, measure, search_max_batches, with_ratios
+import infopro.bench
+from infopro.bench import (Method, cuda_peak_bytes, default_methods, largest_fitting, measure, search_max_batches,
+                           with_ratios)
 from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory
 
@@ -67,6 +69,30 @@ def test_max_batch_search_uses_real_trials_and_few_of_them():
         truth = max(b for b in range(1, 5000) if true_bytes(b) <= cap)
         assert batch <= truth and truth - batch <= max(8, truth // 50), (cap, batch, truth)
     assert trials[:2] == [(64, None), (128, None)] and len(trials) <= 2 + 5 * len(caps)
+
+
+def test_cuda_cap_is_set_on_a_device_ordinal(monkeypatch):
+    """The first H100 lease found every max-batch trial refused: torch's
+    `set_per_process_memory_fraction` takes an ordinal, not the bare "cuda" device the CLI
+    resolves to. A stand-in for torch.cuda that refuses as torch does checks the cap reaches it."""
+    caps = []
+
+    def set_fraction(fraction, device):
+        if not isinstance(device, int):
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        caps.append((fraction, device))
+
+    cuda = {"current_device": lambda: 0, "set_per_process_memory_fraction": set_fraction,
+            "get_device_properties": lambda index: type("Properties", (), {"total_memory": 80 * 2**30}),
+            "reset_peak_memory_stats": lambda device: None, "synchronize": lambda device: None,
+            "max_memory_allocated": lambda device: 123, "empty_cache": lambda: None}
+    for name, stand_in in cuda.items():
+        monkeypatch.setattr(torch.cuda, name, stand_in)
+    step = (None, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), None, lambda: None)
+    monkeypatch.setattr(infopro.bench, "prepare_step", lambda *args: step)
+    peak_bytes = cuda_peak_bytes(Method.parse("e2e"), "resnet32", "fp32", torch.device("cuda"))
+    assert peak_bytes(64, 2 * 2**30) == 123 and peak_bytes(64, None) == 123
+    assert caps == [(2 / 80, 0), (1.0, 0)]
 
 
 def test_every_method_orders_memory_as_theory_says():
