@@ -9,7 +9,8 @@
 Feeds Table 3 and the memory figure (`make table3 fig_memory`). The paper (Titan Xp,
 ResNet-110, batch 1024): E2E 9.40 GB; checkpointing 3.91 GB at +27.5% time; InfoPro* K=2/3/4
 5.38 / 4.22 / 3.52 GB at +1.1 / 7.5 / 13.4%. Each method runs in a fresh process; see
-infopro/bench.py for what is measured and how. GPU time of the full run: not yet measured.
+infopro/bench.py for what is measured and how. On one H100 the step table and the pipeline
+comparison took 5.7 min together.
 On 2 CPU cores a ResNet-110 step at batch 1024 takes about 30 s: the committed CPU run used
 --steps 2 --warmup 1 and eight methods (22 min, with the pipeline comparison).
 """
@@ -28,7 +29,7 @@ from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.pipeline import compare_pipelines
 from infopro.records import provenance, write_csv
-from infopro.train import PRECISIONS, resolve_device
+from infopro.train import PRECISIONS, configure_backends, resolve_device
 
 MEASUREMENTS = ("steps", "max-batch", "pipeline")
 QUICK = {"batch_size": 32, "steps": 3, "warmup": 1, "pipeline_images": 512}
@@ -109,6 +110,7 @@ def main(argv=None):
     device = resolve_device(args.device)
     if "max-batch" in args.measure and device.type != "cuda":
         raise InfoProError("--measure max-batch searches under a real CUDA allocation cap; it needs --device cuda")
+    configure_backends(device)  # as each worker does, so that the provenance below records their settings
     context = {"arch": args.arch, "batch_size": args.batch_size, "precision": args.precision,
                "steps": args.steps, "warmup": args.warmup} | provenance(device)
     stem = Path(args.out) / f"{args.arch}-b{args.batch_size}-{args.precision}-{device_slug(device)}"

@@ -24,25 +24,45 @@ def mean_std(mean: float, std: float) -> str:
 
 
 def table2(runs: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Rows per (method, K): ours (mean ± std, n) beside the paper's; returns (table, caption)."""
-    runs, recipe = main_recipe(with_method(runs))
-    arch = runs["arch"].iloc[0]
-    ours = runs.groupby(["method", "K"])["final_test_error"].agg(["mean", "std", "count"]).reset_index()
+    """Rows per (method, K): ours (mean ± std, n) for every recipe in results/, most-trained first,
+    beside the paper's, with each recipe's difference; returns (table, caption).
+
+    Every recipe has its columns, so the paper-recipe runs show here from the first one that
+    lands, beside the CPU fixture that covers every configuration.
+    """
+    runs = with_method(runs)
+    arch = main_recipe(runs)[0]["arch"].iloc[0]
+    runs = runs[runs["arch"] == arch]
+    names = recipe_names(runs)
     paper = with_method(reference[(reference["arch"] == arch) & (reference["dataset"] == "cifar10")])
-    merged = in_paper_order(ours.merge(paper[["method", "K", "error_mean", "error_std"]], on=["method", "K"],
-                                       how="left"))
-    table = pd.DataFrame({
-        "method": [METHODS[m][0] for m in merged["method"]],
-        "K": merged["K"],
-        "ours: test error (%)": [mean_std(m, s) for m, s in zip(merged["mean"], merged["std"])],
-        "n": merged["count"],
-        "paper: test error (%)": [mean_std(m, s) for m, s in zip(merged["error_mean"], merged["error_std"])],
-        "ours − paper": [f"{a - b:+.2f}" if not math.isnan(b) else "–"
-                         for a, b in zip(merged["mean"], merged["error_mean"].astype(float))],
-    })
-    caption = (f"Table 2, {arch}: final-epoch test error, ours ({recipe}; mean ± std over n seeds) "
+    merged = runs[["method", "K"]].drop_duplicates()
+    for recipe in names:
+        ours = runs[runs["recipe"] == recipe].groupby(["method", "K"])["final_test_error"].agg(["mean", "std", "count"])
+        merged = merged.merge(ours.add_suffix(f" {recipe}").reset_index(), on=["method", "K"], how="left")
+    merged = in_paper_order(merged.merge(paper[["method", "K", "error_mean", "error_std"]], on=["method", "K"],
+                                         how="left"))
+    table = pd.DataFrame({"method": [METHODS[m][0] for m in merged["method"]], "K": merged["K"]})
+    for recipe, name in names.items():
+        table[f"ours, {name}: test error (%)"] = [mean_std(m, s) for m, s in
+                                                  zip(merged[f"mean {recipe}"], merged[f"std {recipe}"])]
+        table[f"n, {name}"] = merged[f"count {recipe}"].fillna(0).astype(int)
+    table["paper: test error (%)"] = [mean_std(m, s) for m, s in zip(merged["error_mean"], merged["error_std"])]
+    for recipe, name in names.items():
+        table[f"{name} − paper"] = [f"{a - b:+.2f}" if not (math.isnan(a) or math.isnan(b)) else "–"
+                                    for a, b in zip(merged[f"mean {recipe}"], merged["error_mean"].astype(float))]
+    recipes = "; ".join(f"{name}: {recipe}" for recipe, name in names.items())
+    caption = (f"Table 2, {arch}: final-epoch test error, ours (mean ± std over n seeds; {recipes}) "
                f"beside the paper's (cifar10, 160 epochs, batch 1024, mean ± std over 5 seeds).")
     return table.reset_index(drop=True), caption
+
+
+def recipe_names(runs: pd.DataFrame) -> dict:
+    """recipe -> its short name in Table 2's headers ("160 epochs" while the epochs tell the
+    recipes apart, else the whole recipe), most-trained recipe first."""
+    training = (runs["train_images"] * runs["epochs"]).groupby(runs["recipe"]).max().sort_values(ascending=False)
+    epochs = runs.groupby("recipe")["epochs"].first()
+    distinct = epochs.nunique() == len(epochs)
+    return {recipe: f"{epochs[recipe]} epochs" if distinct else recipe for recipe in training.index}
 
 
 def in_paper_order(df: pd.DataFrame) -> pd.DataFrame:

@@ -10,10 +10,11 @@ import pytest
 from nbclient import NotebookClient
 
 from conftest import REPO, run_cli
-from infopro.figures import TARGETS, build, load_schedule_analysis
+from infopro.figures import TARGETS, build, load_reference, load_schedule_analysis
+from infopro.plots import main_recipe, with_method
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs
-from infopro.tables import mean_std, schedule_check, to_latex
+from infopro.tables import mean_std, schedule_check, table2, to_latex
 
 RESULTS = REPO / "results"
 
@@ -159,6 +160,34 @@ def test_schedule_check_pairs_each_longer_run_only_with_its_twin(tmp_path):
     row = table.iloc[0]
     assert len(table) == 1 and row["n"] == 2 and "2 and 3 epochs" in caption
     assert row["test error (%), 3 epochs"] == mean_std(pd.Series(long).mean(), pd.Series(long).std())
+
+
+def recipe_runs(epochs: int, train_images: int, configurations: list, errors: list) -> pd.DataFrame:
+    """Stand-in run rows of one recipe: one seed per (regime, K), with the given final errors."""
+    return pd.DataFrame({
+        "arch": "resnet32", "regime": [regime for regime, _ in configurations], "task_loss": "contrast",
+        "K": [K for _, K in configurations], "seed": 0, "epochs": epochs, "train_images": train_images,
+        "recipe": f"{train_images} images, {epochs} epochs", "final_test_error": errors})
+
+
+def test_figures_keep_the_fixture_until_a_longer_recipe_covers_as_many_configurations():
+    fixture = recipe_runs(12, 10_000, [("e2e", 1), ("greedy", 2), ("infopro", 2)], [30.0, 33.0, 35.0])
+    first_gpu_runs = recipe_runs(160, 50_000, [("e2e", 1), ("greedy", 2)], [10.9, 14.3])
+    whole_grid = recipe_runs(160, 50_000, [("e2e", 1), ("greedy", 2), ("infopro", 2)], [10.9, 14.3, 9.0])
+    assert main_recipe(with_method(pd.concat([fixture, first_gpu_runs])))[1] == "10000 images, 12 epochs"
+    assert main_recipe(with_method(pd.concat([fixture, whole_grid])))[1] == "50000 images, 160 epochs"
+
+
+def test_table2_shows_every_recipe_beside_the_paper():
+    fixture = recipe_runs(12, 10_000, [("e2e", 1), ("greedy", 2), ("infopro", 2)], [30.0, 33.0, 35.0])
+    first_gpu_runs = recipe_runs(160, 50_000, [("e2e", 1), ("greedy", 2)], [10.87, 14.34])
+    table, caption = table2(pd.concat([fixture, first_gpu_runs]), load_reference(RESULTS, "table2"))
+    rows = table.set_index(["method", "K"])
+    assert list(table.columns[2:6]) == ["ours, 160 epochs: test error (%)", "n, 160 epochs",
+                                        "ours, 12 epochs: test error (%)", "n, 12 epochs"]
+    assert rows.loc[("E2E", 1), "160 epochs − paper"] == "+3.50"  # the paper's E2E: 7.37
+    assert rows.loc[("InfoPro (Contrast)", 2), "ours, 160 epochs: test error (%)"] == "–"
+    assert rows.loc[("InfoPro (Contrast)", 2), "n, 12 epochs"] == 1 and "160 epochs: 50000 images" in caption
 
 
 def test_latex_tables_use_booktabs_and_escape():
