@@ -75,7 +75,8 @@ def scored_on_whole_split(rng, regime, seed, K=2, split="paper", recipe="r"):
             "task_loss": "contrast" if regime == "infopro" else None, "dataset": "synthetic",
             "arch": "resnet32", "K": K, "split": split, "seed": seed, "recipe": recipe, "precision": "fp32",
             "train_images": 100, "epochs": 1, "test_split_images": 50, "test_images": 50, "held_out_images": 0,
-            "recorded_test_error": 0.0, "own_test_error": 0.0, "correct": encode_correct(rng.random(50) < 0.5)}
+            "recorded_test_error": 0.0, "own_test_error": 0.0, "run_device": "a CPU",
+            "correct": encode_correct(rng.random(50) < 0.5)}
 
 
 def test_runs_on_the_whole_split_pair_on_all_of_it_and_only_with_their_own_seed():
@@ -101,6 +102,10 @@ def test_e2e_is_the_reference_of_every_k_of_its_own_recipe_and_seed():
     table, caption = tables.e2e_gap(runs)
     assert table[["method", "K"]].values.tolist() == [["Greedy SL", 2], ["InfoPro (Contrast)", 4]]
     assert "E2E: error (%)" in table and "lead = E2E's error − the method's" in caption
+    assert "Each of the 5 scored networks re-scores its recorded error exactly." in caption
+    runs.loc[0, ["recorded_test_error", "run_device"]] = [0.04, "a GPU"]
+    assert ("4 of the 5 scored networks re-score their recorded error exactly, the other 1 (trained on a GPU) "
+            "to within 0.04 points.") in tables.e2e_gap(runs)[1]
     with pytest.raises(InfoProError, match="no locally supervised run has an E2E run"):
         tables.e2e_gap(runs[runs["regime"] != "e2e"])
 
