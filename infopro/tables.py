@@ -138,9 +138,9 @@ def paired_table(pairs: pd.DataFrame, predictions: pd.DataFrame, names: tuple[st
         .map("{:+.2f}".format),
     })
     images = {"held-out": "the test images neither network was trained on or reported on",
-              "all": "the whole test split, on which their recorded errors were also measured"}
-    compared = " or ".join(images[c] for c in pairs["compared_on"].unique())
-    trained = ", ".join(f"{n:,}" for n in pairs["train_images"].unique())
+              "all": "the whole test split where the runs used all of it, as their recorded errors did"}
+    compared = ", or ".join(images[c] for c in pairs["compared_on"].unique())
+    trained = " or ".join(f"{n:,}" for n in pairs["train_images"].unique())
     caption = (f"Paired comparison, {', '.join(pairs['arch'].unique())}: {comparison}, "
                f"scored image by image on {compared} ({', '.join(pairs['dataset'].unique())}, "
                f"{trained} train images; lead = {lead}, with its paired standard error; "
