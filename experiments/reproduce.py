@@ -2,7 +2,7 @@
 
     python -m experiments.reproduce --time-budget 25 --data-root .data   # one GPU lease
     python -m experiments.reproduce --plan                                # which stages are done
-    INFOPRO_GIT_COMMIT=<sha> INFOPRO_GIT_DIRTY=0 python -m experiments.reproduce ...  # a copy without .git
+    INFOPRO_GIT_COMMIT=<sha> INFOPRO_GIT_DIRTY=0 python -m experiments.reproduce ...  # a copy without .git (or a stale one)
 
 Stages (infopro/reproduce.py): table3 (`experiments.bench --measure steps pipeline`), module-parallel
 (`experiments.bench_module_parallel` on the GPU), max-batch, grid-jobs, and table2 (the

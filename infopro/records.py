@@ -91,12 +91,17 @@ def load_torch(path, remedy: str):
 
 
 def git_state(root=REPO_ROOT) -> dict:
-    """Commit and dirty flag of the source tree, or of `announced_git_state()` where there is no .git.
+    """Commit and dirty flag of the source tree: `announced_git_state()` where $INFOPRO_GIT_COMMIT
+    is set or there is no .git, else git's answer.
 
-    Files under results/ do not count as dirty: they are outputs, and the analyses append to
+    The announcement wins over a .git: a lent GPU was seen to receive the history as of an
+    earlier commit, so git there named that commit, dirty, instead of the code sent. Files
+    under results/ do not count as dirty: they are outputs, and the analyses append to
     committed CSVs there, which would otherwise mark every row after a run's first as made
     from uncommitted code.
     """
+    if os.environ.get("INFOPRO_GIT_COMMIT", "").strip():
+        return announced_git_state()
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
                               timeout=30, check=True).stdout.strip()

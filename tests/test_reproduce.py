@@ -6,7 +6,7 @@ import sys
 import pandas as pd
 import pytest
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from infopro.errors import InfoProError
 from infopro.records import git_state
 from infopro.reproduce import Stage, best_jobs, check_code_is_named, run_stages, stages
@@ -84,3 +84,12 @@ def test_a_copy_without_history_names_its_code_as_announced_and_gpu_work_refuses
         check_code_is_named(git_state(tmp_path))
     monkeypatch.setenv("INFOPRO_GIT_DIRTY", "maybe")
     assert git_state(tmp_path)["git_dirty"] == "unknown"
+
+
+def test_an_announced_commit_wins_over_a_stale_history(monkeypatch):
+    """The first H100 lease received a .git of an earlier commit: git named that commit, dirty."""
+    monkeypatch.setenv("INFOPRO_GIT_COMMIT", "0123456789abcdef")
+    monkeypatch.setenv("INFOPRO_GIT_DIRTY", "0")
+    assert git_state(REPO) == {"git_commit": "0123456789abcdef", "git_dirty": False}
+    monkeypatch.delenv("INFOPRO_GIT_COMMIT")
+    assert git_state(REPO)["git_commit"] != "0123456789abcdef"
