@@ -102,6 +102,7 @@ def git_state(root=REPO_ROOT) -> dict:
     """
     if os.environ.get("INFOPRO_GIT_COMMIT", "").strip():
         return announced_git_state()
+
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
                               timeout=30, check=True).stdout.strip()
