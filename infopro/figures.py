@@ -112,12 +112,17 @@ def table3_bench(results) -> pd.DataFrame:
     return bench[bench["arch"] == arch]
 
 
-def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
-    """The max-batch search of the step table's architecture, precision and GPU, if it was run."""
+def max_batch_path(results, bench: pd.DataFrame) -> Path:
+    """Where the max-batch search of the step table's architecture, precision and GPU is written."""
     first = bench.iloc[0]
     prefix = f"{first['arch']}-b{first['batch_size']}-{first['precision']}-"
     device = first["source_file"].removeprefix(prefix).removesuffix(".csv")
-    path = Path(results) / "bench" / f"{first['arch']}-{first['precision']}-{device}-maxbatch.csv"
+    return Path(results) / "bench" / f"{first['arch']}-{first['precision']}-{device}-maxbatch.csv"
+
+
+def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
+    """The max-batch search of the step table's architecture, precision and GPU, if it was run."""
+    path = max_batch_path(results, bench)
     return pd.read_csv(path) if path.is_file() else None
 
 

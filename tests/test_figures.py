@@ -10,7 +10,8 @@ import pytest
 from nbclient import NotebookClient
 
 from conftest import REPO, run_cli
-from infopro.figures import TARGETS, build, load_reference, load_schedule_analysis, table3_bench
+from infopro.figures import (TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
+                             table3_bench)
 from infopro.plots import main_recipe, with_method
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs
@@ -39,11 +40,9 @@ def test_table3_shows_the_max_batch_search_and_ignores_other_bench_csvs(tmp_path
     shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs"))
     pd.DataFrame({"jobs": [1, 2], "images_per_second": [1.0, 2.0], "best": [False, True]}).to_csv(
         results / "bench" / "grid-jobs-table2-resnet32-cpu.csv", index=False)
-    step_table = table3_bench(results)["source_file"].iloc[0]  # the search must be of its device
     pd.DataFrame({"method": ["e2e", "e2e", "checkpoint", "offload"], "cap_gib": [2.0, 4.0, 2.0, 2.0],
                   "max_batch": [200, 410, 900, None], "error": [None, None, None, "not searched"]}).to_csv(
-        results / "bench" / step_table.replace("-b1024-fp32-", "-fp32-").replace(".csv", "-maxbatch.csv"),
-        index=False)
+        max_batch_path(results, table3_bench(results)), index=False)  # the search of the step table's device
     build("fig_memory", results)
     build("table3", results)
     table = pd.read_csv(results / "tables" / "table3.csv", dtype=str).set_index("method")
