@@ -44,6 +44,11 @@ def with_method(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(method=[method_key(r, t) for r, t in zip(df["regime"], task)])
 
 
+def training_by_recipe(df: pd.DataFrame) -> pd.Series:
+    """recipe -> how much training it holds (images x epochs): which recipe is the most-trained."""
+    return (df["train_images"] * df["epochs"]).groupby(df["recipe"]).max()
+
+
 def main_recipe(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """Rows of the recipe a figure shows, and its label: the one covering the most configurations
     (method, K), the most-trained (images x epochs) among those.
@@ -56,7 +61,7 @@ def main_recipe(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     if df.empty:
         return df, ""
     configurations = df.drop_duplicates(["recipe", "method", "K"]).groupby("recipe").size()
-    training = (df["train_images"] * df["epochs"]).groupby(df["recipe"]).max()
+    training = training_by_recipe(df)
     recipe = max(configurations.index, key=lambda r: (configurations[r], training[r]))
     return df[df["recipe"] == recipe], recipe
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from infopro.errors import InfoProError
 from infopro.paired import paired_comparisons
-from infopro.plots import METHODS, main_recipe, with_method
+from infopro.plots import METHODS, main_recipe, training_by_recipe, with_method
 from infopro.records import atomic_write
 
 
@@ -59,7 +59,7 @@ def table2(runs: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame, s
 def recipe_names(runs: pd.DataFrame) -> dict:
     """recipe -> its short name in Table 2's headers ("160 epochs" while the epochs tell the
     recipes apart, else the whole recipe), most-trained recipe first."""
-    training = (runs["train_images"] * runs["epochs"]).groupby(runs["recipe"]).max().sort_values(ascending=False)
+    training = training_by_recipe(runs).sort_values(ascending=False)
     epochs = runs.groupby("recipe")["epochs"].first()
     distinct = epochs.nunique() == len(epochs)
     return {recipe: f"{epochs[recipe]} epochs" if distinct else recipe for recipe in training.index}
