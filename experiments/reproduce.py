@@ -2,6 +2,7 @@
 
     python -m experiments.reproduce --time-budget 25 --data-root .data   # one GPU lease
     python -m experiments.reproduce --plan                                # which stages are done
+    python -m experiments.reproduce --time-budget 8 --pack-to $OUT ...    # then pack what this call wrote
     INFOPRO_GIT_COMMIT=<sha> INFOPRO_GIT_DIRTY=0 python -m experiments.reproduce ...  # a copy without .git (or a stale one)
 
 Stages (infopro/reproduce.py): table3 (`experiments.bench --measure steps pipeline`), module-parallel
@@ -10,16 +11,18 @@ table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160 epochs, resumed across
 feed Table 3, fig_memory, the module-parallel and max-batch CSVs, Table 2 and fig7; fig8 and
 fig10 follow from `make probes mutual-info figures tables`. Each stage is skipped once its
 results exist; a failing stage is reported and the next one runs. GPU time on one H100
-(results/bench/logs/): table3 5.7 min, module-parallel 2.4, grid-jobs 1.6; a 160-epoch grid run
-about 12 min, four at a time.
+(results/bench/logs/): table3 5.7 min, module-parallel 2.4, max-batch 8.5, grid-jobs 1.6; a
+160-epoch grid run, four at a time, about 12 min for E2E and greedy SL and, from their epoch
+times, 13, 18 and 31 min for InfoPro (Contrast) K = 2, 4, 8.
 """
 
+import time
 from pathlib import Path
 
 from infopro.cli import ArgumentParser, run
 from infopro.errors import InfoProError
 from infopro.records import git_state
-from infopro.reproduce import check_code_is_named, run_stages, stages
+from infopro.reproduce import check_code_is_named, pack, results_since, run_stages, stages
 from infopro.train import resolve_device
 
 
@@ -30,7 +33,12 @@ def main(argv=None):
     p.add_argument("--data-root", help="folder or archive holding the cifar10-jpeg copy")
     p.add_argument("--results", default="results", help="the results folder (bench/ and runs/ inside)")
     p.add_argument("--plan", action="store_true", help="list the stages, done or to do, and exit")
+    p.add_argument("--pack-to", metavar="DIR", help="afterwards, pack every results file this call wrote "
+                                                    "(checkpoints included) into tar parts in DIR")
+    p.add_argument("--pack-mib", type=float, default=15, metavar="MIB", help="largest part (default: 15 MiB)")
     args = p.parse_args(argv)
+    if args.pack_mib <= 0:
+        p.error(f"--pack-mib {args.pack_mib:g}: a part's size must be positive")
     plan = stages(Path(args.results), args.data_root)
     if args.plan:
         for stage in plan:
@@ -40,7 +48,13 @@ def main(argv=None):
         raise InfoProError("give --time-budget MIN (the minutes this GPU is yours), or --plan")
     resolve_device("cuda")
     check_code_is_named(git_state())
+    began = time.time()
     failed = run_stages(plan, args.time_budget)
+    if args.pack_to:
+        results = Path(args.results).resolve()
+        for part in pack(results_since(results, began), results.parent, Path(args.pack_to),
+                         int(args.pack_mib * 2**20)):
+            print(f"packed {part}")
     if failed:
         raise InfoProError(f"stages that failed: {', '.join(failed)} (their output is above)")
 

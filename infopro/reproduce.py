@@ -11,6 +11,7 @@ finished runs (probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well
 
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,3 +124,45 @@ def run_stages(plan: list[Stage], minutes: float, log=print) -> list[str]:
             if not ok:
                 failed.append(stage.name)
     return failed
+
+
+TAR_BLOCK, TAR_RECORD = 512, 20 * 512
+
+
+def results_since(results: Path, since: float) -> list[Path]:
+    """The files under `results` written at or after `since` (seconds since the epoch), in path
+    order: what one call made, the checkpoints of its unfinished runs included."""
+    return [path for path in sorted(results.rglob("*")) if path.is_file() and path.stat().st_mtime >= since]
+
+
+def tar_bytes(sizes: list[int]) -> int:
+    """The size of an uncompressed tar holding files of `sizes`: a header block per member, its data
+    padded to whole blocks, two closing blocks, the whole padded to a record."""
+    blocks = sum(1 + -(-size // TAR_BLOCK) for size in sizes) + 2
+    return -(-blocks * TAR_BLOCK // TAR_RECORD) * TAR_RECORD
+
+
+def pack(files: list[Path], root: Path, out: Path, max_bytes: int) -> list[Path]:
+    """Write `files` into tar parts `out/results-1.tar`, `-2`, ... of at most `max_bytes` each,
+    named relative to `root` so that `tar xf PART` in the repository puts them back.
+
+    Why: the GPU is lent by the call, and what comes back from a call is only files under a size
+    limit. A call that packs its own results loses nothing when the machine is gone before the
+    next call, and checkpoints of partial runs travel in parts small enough to come back. A file
+    larger than `max_bytes` goes alone into its own part, which is then the only one over it.
+    """
+    groups: list[list[Path]] = []
+    for path in files:
+        if groups and tar_bytes([p.stat().st_size for p in groups[-1] + [path]]) <= max_bytes:
+            groups[-1].append(path)
+        else:
+            groups.append([path])
+    out.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for number, group in enumerate(groups, start=1):
+        part = out / f"results-{number}.tar"
+        with tarfile.open(part, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for path in group:
+                tar.add(path, arcname=str(path.relative_to(root)))
+        parts.append(part)
+    return parts

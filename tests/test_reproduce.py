@@ -1,7 +1,10 @@
 """The GPU plan: stages skip what exists, respect the budget, survive a failing stage; its CLI."""
 
 import importlib
+import os
 import sys
+import tarfile
+import time
 
 import pandas as pd
 import pytest
@@ -9,7 +12,7 @@ import pytest
 from conftest import REPO, run_cli
 from infopro.errors import InfoProError
 from infopro.records import git_state
-from infopro.reproduce import Stage, best_jobs, check_code_is_named, run_stages, stages
+from infopro.reproduce import Stage, best_jobs, check_code_is_named, pack, results_since, run_stages, stages
 
 
 def python_stage(name: str, code: str, done=lambda: False, minutes: float = 0) -> Stage:
@@ -93,3 +96,38 @@ def test_an_announced_commit_wins_over_a_stale_history(monkeypatch):
     assert git_state(REPO) == {"git_commit": "0123456789abcdef", "git_dirty": False}
     monkeypatch.delenv("INFOPRO_GIT_COMMIT")
     assert git_state(REPO)["git_commit"] != "0123456789abcdef"
+
+
+def write(path, size: int, mtime: float):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(range(256)) * (size // 256) + bytes(size % 256))
+    os.utime(path, (mtime, mtime))
+
+
+def test_pack_returns_exactly_what_the_call_wrote_in_parts_under_the_limit(tmp_path):
+    results, out = tmp_path / "repo" / "results", tmp_path / "out"
+    began = time.time() - 100
+    write(results / "runs" / "old" / "model.pt", 5000, began - 50)
+    new = {results / "runs" / "a" / "checkpoint.pt": 36000, results / "runs" / "a" / "metrics.csv": 700,
+           results / "runs" / "b" / "checkpoint.pt": 30000, results / "bench" / "x.csv": 10,
+           results / "runs" / "huge" / "checkpoint.pt": 90000}
+    for path, size in new.items():
+        write(path, size, began + 1)
+    changed = results_since(results, began)
+    assert set(changed) == set(new)
+    parts = pack(changed, results.parent, out, max_bytes=64 * 1024)
+    assert len(parts) == 3  # the two checkpoints cannot share a part; the huge one is alone
+    restored = tmp_path / "restored"
+    for part in parts:
+        with tarfile.open(part) as tar:
+            members = tar.getnames()
+            tar.extractall(restored, filter="data")
+        assert part.stat().st_size <= 64 * 1024 or members == ["results/runs/huge/checkpoint.pt"]
+    for path in new:
+        assert (restored / path.relative_to(results.parent)).read_bytes() == path.read_bytes()
+    assert not (restored / "results" / "runs" / "old").exists()
+
+
+def test_cli_refuses_a_part_size_that_is_not_positive(tmp_path):
+    result = run_cli("experiments.reproduce", "--time-budget", "5", "--pack-to", str(tmp_path), "--pack-mib", "0")
+    assert result.returncode == 2 and "--pack-mib" in result.stderr and "Traceback" not in result.stderr
