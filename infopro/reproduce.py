@@ -4,8 +4,9 @@ GPU time comes in short leases, so the work is cut into stages, each skipped onc
 writes exists (the grid resumes its partial runs): calling again continues where the last
 call stopped. The order puts first what one lease can finish: the Table 3 benchmark and the
 input-pipeline comparison, the module-parallel throughput, the max-batch search, the grid's
---jobs measurement, and then the Table 2 grid with whatever time is left. The analysis of
-finished runs (probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well
+--jobs measurement, and then the Table 2 grid with whatever time is left. A lent machine is lost
+with everything on it, so a call can pack what it wrote (`pack`) for the way back. The analysis
+of finished runs (probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well
 (`make probes mutual-info figures tables`).
 """
 
@@ -146,10 +147,10 @@ def pack(files: list[Path], root: Path, out: Path, max_bytes: int) -> list[Path]
     """Write `files` into tar parts `out/results-1.tar`, `-2`, ... of at most `max_bytes` each,
     named relative to `root` so that `tar xf PART` in the repository puts them back.
 
-    Why: the GPU is lent by the call, and what comes back from a call is only files under a size
-    limit. A call that packs its own results loses nothing when the machine is gone before the
-    next call, and checkpoints of partial runs travel in parts small enough to come back. A file
-    larger than `max_bytes` goes alone into its own part, which is then the only one over it.
+    Why: a lent GPU machine can be taken back between two calls, and only files under a size limit
+    come back from a call. A call that packs its own results loses nothing when the machine is gone
+    before the next one, and checkpoints of partial runs travel in parts small enough to come back.
+    A file larger than `max_bytes` goes alone into its own part, which is then the only one over it.
     """
     groups: list[list[Path]] = []
     for path in files:
