@@ -15,7 +15,7 @@ from analysis.probe import common_arguments
 from infopro.analysis import analyse_runs, mutual_info_run, mutual_info_settings
 from infopro.cli import ArgumentParser, run
 from infopro.mi import EstimatorSettings
-from infopro.runs import find_runs, select_runs
+from infopro.runs import finished_runs
 from infopro.train import resolve_device
 
 
@@ -30,7 +30,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     device = resolve_device(args.device)
     settings = EstimatorSettings(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr)
-    runs = select_runs(find_runs(args.runs), args.only)
+    runs = finished_runs(args.runs, args.only)
     analyse_runs(
         runs, args.out,
         lambda r, layers: mutual_info_run(r, layers, settings=settings, train_subset=args.train_subset,

@@ -14,7 +14,7 @@ cores: 25 s per ResNet-32 run on 12,000 images (the fixture); on a GPU not yet m
 from infopro.analysis import analyse_runs, probe_run, probe_settings
 from infopro.cli import ArgumentParser, run
 from infopro.probes import DEFAULT_L2
-from infopro.runs import find_runs, select_runs
+from infopro.runs import finished_runs
 from infopro.train import resolve_device
 
 
@@ -42,7 +42,7 @@ def main(argv=None):
     p.add_argument("--out", default="results/analysis/linear_probe.csv")
     args = p.parse_args(argv)
     device = resolve_device(args.device)
-    runs = select_runs(find_runs(args.runs), args.only)
+    runs = finished_runs(args.runs, args.only)
     analyse_runs(
         runs, args.out,
         lambda r, layers: probe_run(r, layers, pool=args.pool, l2=args.l2, train_subset=args.train_subset,

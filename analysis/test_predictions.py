@@ -12,7 +12,7 @@ Measured cost on 2 CPU cores: about 30 s per ResNet-32 on 10,000 test images.
 
 from infopro.cli import ArgumentParser, run
 from infopro.paired import predict_runs
-from infopro.runs import find_runs, select_runs
+from infopro.runs import finished_runs
 from infopro.train import resolve_device
 
 
@@ -25,7 +25,7 @@ def main(argv=None):
     p.add_argument("--force", action="store_true", help="redo runs already in the CSV")
     p.add_argument("--out", default="results/analysis/test_predictions.csv")
     args = p.parse_args(argv)
-    predict_runs(select_runs(find_runs(args.runs), args.only), args.out, resolve_device(args.device),
+    predict_runs(finished_runs(args.runs, args.only), args.out, resolve_device(args.device),
                  args.data_root, force=args.force)
 
 

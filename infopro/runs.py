@@ -121,8 +121,15 @@ def select_by_run_id(items: list, only: list[str] | None, run_id, what: str) -> 
     return chosen
 
 
-def select_runs(runs: list[Run], only: list[str] | None) -> list[Run]:
-    """Finished runs whose id contains one of the `only` substrings (all when `only` is empty)."""
+def finished_runs(root, only: list[str] | None = None) -> list[Run]:
+    """The finished runs below `root` whose id contains one of the `only` substrings (all when
+    `only` is empty): what an analysis works on. A missing folder, or one without a finished
+    run, is an error rather than an empty analysis, so a mistyped --runs cannot pass silently."""
+    if not Path(root).is_dir():
+        raise InfoProError(f"{root}: no such folder of runs")
+    runs = find_runs(root)
+    if not runs:
+        raise InfoProError(f"no finished run under {root}")
     return select_by_run_id(runs, only, lambda run: run.run_id, "finished run")
 
 

@@ -134,6 +134,6 @@ def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_ima
     assert "re-scores its recorded error exactly" in caption
 
 
-def test_an_unmatched_selection_gets_one_line_and_exit_2(tmp_path):
-    result = run_cli("analysis.test_predictions", "--runs", str(tmp_path), "--only", "nothing")
+def test_an_unmatched_selection_gets_one_line_and_exit_2():
+    result = run_cli("analysis.test_predictions", "--runs", "results", "--only", "nothing")
     assert result.returncode == 2 and result.stderr.strip() == "error: no finished run matches nothing"

@@ -147,6 +147,17 @@ def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("analysis", ["analysis.probe", "analysis.mutual_info", "analysis.test_predictions"])
+def test_an_analysis_of_no_runs_is_an_error_not_an_empty_result(analysis, tmp_path):
+    """A mistyped --runs used to analyse nothing and exit 0; the CSV must not be written either."""
+    out = tmp_path / "out.csv"
+    missing = run_cli(analysis, "--runs", str(tmp_path / "typo"), "--out", str(out))
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: {tmp_path / 'typo'}: no such folder of runs"
+    empty = run_cli(analysis, "--runs", str(tmp_path), "--out", str(out))
+    assert empty.returncode == 2 and empty.stderr.strip() == f"error: no finished run under {tmp_path}"
+    assert not out.exists()
+
+
 def test_a_reader_closing_the_pipe_early_gets_no_traceback():
     """`... | head -1`: the listing stops quietly when its reader has read enough."""
     script = "from infopro.cli import run; run(lambda: [print('run', i) for i in range(100000)])"
