@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from infopro.errors import InfoProError
 from infopro.mi import EstimatorSettings, information_about_x, information_about_y
 from infopro.probes import DEFAULT_L2, check_pool, extract_features, frozen, probe_layers
 from infopro.records import device_name, git_state, write_csv
@@ -88,6 +89,16 @@ def all_layers(run: Run) -> list[int]:
     return list(range(1, num_layer_points(run.config.arch) + 1))
 
 
+def wanted_layers(run: Run, layers: list[int] | None) -> list[int]:
+    """`layers` (default: all) checked against the run's network before any work on it."""
+    valid = all_layers(run)
+    if layers is None:
+        return valid
+    if outside := sorted(set(layers) - set(valid)):
+        raise InfoProError(f"{run.run_id}: layer points must lie in 1..{valid[-1]}, got {outside}")
+    return layers
+
+
 def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *, force: bool = False,
                  log=print) -> pd.DataFrame:
     """Apply `analyse(run, layers) -> rows` to the layers (default: all) not yet in the CSV.
@@ -101,7 +112,7 @@ def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *
         if not run.has_weights:
             log(f"{run.run_id}: no model.pt, skipped")
             continue
-        settings, wanted = settings_of(run), layers or all_layers(run)
+        settings, wanted = settings_of(run), wanted_layers(run, layers)
         same = matches(table, run.run_id, settings) if not table.empty else pd.Series(dtype=bool)
         done = set() if force or table.empty else set(table.loc[same, "layer"])
         missing = [layer for layer in wanted if layer not in done]

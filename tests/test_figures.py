@@ -10,6 +10,7 @@ import pytest
 from nbclient import NotebookClient
 
 from conftest import REPO, run_cli
+from infopro.errors import InfoProError
 from infopro.figures import (TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
                              table3_bench)
 from infopro.plots import main_recipe, with_method
@@ -281,3 +282,6 @@ def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path)
     assert calls == [[1, 2], list(range(3, 17))]
     assert sorted(pd.read_csv(csv)["layer"]) == list(range(1, 17))
     assert "nan" not in csv.read_text()  # a blank cell read back as NaN is written blank again
+    with pytest.raises(InfoProError, match=r"layer points must lie in 1\.\.16, got \[0, 17\]"):
+        analyse_runs(runs, csv, fake, settings, [0, 16, 17], force=True, log=lambda line: None)
+    assert len(calls) == 2  # nothing analysed
