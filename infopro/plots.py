@@ -121,15 +121,35 @@ def seeds_text(df: pd.DataFrame, group: list[str]) -> str:
     return f"n = {low} seed{'s' if high > 1 else ''} per point" if low == high else f"n = {low}-{high} seeds per point"
 
 
+def layer_seeds_text(df: pd.DataFrame) -> str:
+    """The seeds behind the per-layer curves, and what their shading means where there is some."""
+    several = df.groupby(["method", "K"])["seed"].nunique().max() > 1
+    return seeds_text(df, ["method", "K"]) + ("; shading: lowest to highest seed" if several else "")
+
+
 def layer_curves(ax, df: pd.DataFrame, value: str, ends: dict[int, list[int]]) -> None:
-    """One line per K: mean of `value` over seeds at each layer; module ends as large markers."""
+    """One line per K: mean of `value` over seeds at each layer, shaded from the lowest to the
+    highest seed where there are several (so a gap between curves can be read against the seed
+    spread); module ends as large markers."""
     for K, group in sorted(df.groupby("K"), key=lambda item: item[0]):
-        means = group.groupby("layer")[value].mean()
+        by_layer = group.groupby("layer")[value]
+        means = by_layer.mean()
         colour = K_COLOURS.get(K, PURPLE)
         label = "K = 1 (E2E)" if K == 1 else f"K = {K}"
         ax.plot(means.index, means.values, color=colour, lw=1.4, marker="o", ms=2.5, label=label)
+        if group["seed"].nunique() > 1:
+            ax.fill_between(means.index, by_layer.min(), by_layer.max(), color=colour, alpha=0.15, lw=0)
         at_ends = [layer for layer in means.index if layer in ends.get(K, []) or layer == means.index.max()]
         ax.scatter(at_ends, means.loc[at_ends], s=28, color=colour, edgecolor="black", linewidth=0.8, zorder=3)
+
+
+def layer_table(df: pd.DataFrame, values: str | list[str]) -> pd.DataFrame:
+    """The numbers behind a per-layer figure, as its notebook prints them: `values` per layer
+    point, mean over seeds, one column per (recipe, method, K). Recipes stay apart (a 12-epoch
+    fixture averaged with a 160-epoch run means nothing), and E2E and greedy SL, whose task_loss
+    is blank, are columns too."""
+    return with_method(df).pivot_table(index="layer", columns=["recipe", "method", "K"], values=values,
+                                       aggfunc="mean")
 
 
 def module_end_table(df: pd.DataFrame) -> dict[int, list[int]]:
@@ -173,7 +193,7 @@ def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
                       "paper, greedy SL (read off)"))
     shared_legend(figure, axes[0, 0], extra)
     first = probes.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(probes, ['method', 'K'])}.", probe_text(first))
+    footer(figure, f"{first['arch']}, {recipe}; {layer_seeds_text(probes)}.", probe_text(first))
     return figure
 
 
@@ -194,7 +214,7 @@ def fig10_mutual_information(mi: pd.DataFrame) -> Figure:
             layer_axis(ax, label)
     shared_legend(figure, axes[0, 0], [MODULE_END])
     first = mi.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K'])}.", mutual_info_text(first))
+    footer(figure, f"{first['arch']}, {recipe}; {layer_seeds_text(mi)}.", mutual_info_text(first))
     return figure
 
 

@@ -4,16 +4,18 @@ import re
 import shutil
 import subprocess
 
+import matplotlib.pyplot as plt
 import nbformat
 import pandas as pd
 import pytest
+from matplotlib.collections import PolyCollection
 from nbclient import NotebookClient
 
 from conftest import REPO, run_cli
 from infopro.errors import InfoProError
 from infopro.figures import (TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
                              table3_bench)
-from infopro.plots import main_recipe, with_method
+from infopro.plots import fig8_linear_probes, layer_table, main_recipe, with_method
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs
 from infopro.tables import mean_std, schedule_check, table2, to_latex
@@ -258,6 +260,40 @@ def test_fig_schedule_draws_one_row_per_k_each_beside_e2e():
     lines_k4 = 2 * probes[["method", "K"]].drop_duplicates().shape[0]
     assert [len(ax.get_lines()) for ax in axes] == [lines_k4] * 3 + [4] * 3  # E2E and greedy SL, 12 and 36 epochs
     assert "K = 8: seed 7" in figure.texts[-1].get_text().replace("\n", " ")
+
+
+def test_fig8_draws_the_seed_mean_and_shades_the_seed_range_only_where_there_are_several_seeds():
+    probes = pd.read_csv(RESULTS / "analysis" / "linear_probe.csv")
+    one_seed = probes[(probes["seed"] == 0) & (probes["epochs"] == 12)]
+    three_seeds = pd.concat([one_seed.assign(seed=seed, test_error=one_seed["test_error"] + 2 * seed)
+                             for seed in (0, 1, 2)])
+    reference = load_reference(RESULTS, "analysis_figure")
+    for rows, shaded in ((one_seed, False), (three_seeds, True)):
+        figure = fig8_linear_probes(rows, reference)
+        greedy = figure.axes[0]
+        bands = [c for c in greedy.collections if isinstance(c, PolyCollection)]
+        curves = [line for line in greedy.get_lines() if line.get_label().startswith("K = ")]
+        assert len(bands) == (len(curves) if shaded else 0) and len(curves) == 5  # E2E and K = 2, 4, 8, 16
+        e2e = one_seed[one_seed["regime"] == "e2e"].sort_values("layer")["test_error"]
+        assert list(curves[0].get_ydata()) == pytest.approx(list(e2e + (2 if shaded else 0)))  # the mean
+        if shaded:
+            low, high = bands[0].get_paths()[0].vertices[:, 1].min(), bands[0].get_paths()[0].vertices[:, 1].max()
+            assert (low, high) == pytest.approx((e2e.min(), e2e.max() + 4))
+        footer = figure.texts[-1].get_text().replace("\n", " ")
+        assert ("n = 3 seeds per point; shading: lowest to highest seed" in footer) == shaded
+        assert ("n = 1 seed per point." in footer) == (not shaded)
+        plt.close(figure)
+
+
+def test_the_notebooks_layer_table_keeps_recipes_apart_and_shows_e2e_and_greedy():
+    """It once averaged the 12-epoch fixture with the 160-epoch runs and dropped the methods whose
+    task_loss is blank."""
+    probes = pd.read_csv(RESULTS / "analysis" / "linear_probe.csv")
+    table = layer_table(probes, "test_error")
+    assert len(table.columns) == probes.drop_duplicates(["recipe", "regime", "task_loss", "K"]).shape[0]
+    for (recipe, method, K), rows in with_method(probes).groupby(["recipe", "method", "K"]):
+        assert table.loc[16, (recipe, method, K)] == pytest.approx(rows.loc[rows["layer"] == 16, "test_error"].mean())
+    assert {"e2e", "greedy"} <= set(table.columns.get_level_values("method"))
 
 
 def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path):
