@@ -277,8 +277,8 @@ def test_fig8_draws_the_seed_mean_and_shades_the_seed_range_only_where_there_are
         e2e = one_seed[one_seed["regime"] == "e2e"].sort_values("layer")["test_error"]
         assert list(curves[0].get_ydata()) == pytest.approx(list(e2e + (2 if shaded else 0)))  # the mean
         if shaded:
-            low, high = bands[0].get_paths()[0].vertices[:, 1].min(), bands[0].get_paths()[0].vertices[:, 1].max()
-            assert (low, high) == pytest.approx((e2e.min(), e2e.max() + 4))
+            band = bands[0].get_paths()[0].vertices[:, 1]  # E2E's: seed 0 below, seed 2 (+4) above
+            assert (band.min(), band.max()) == pytest.approx((e2e.min(), e2e.max() + 4))
         footer = figure.texts[-1].get_text().replace("\n", " ")
         assert ("n = 3 seeds per point; shading: lowest to highest seed" in footer) == shaded
         assert ("n = 1 seed per point." in footer) == (not shaded)
