@@ -14,7 +14,7 @@ import torch
 
 from infopro.errors import InfoProError
 from infopro.mi import EstimatorSettings, information_about_x, information_about_y
-from infopro.probes import DEFAULT_L2, check_pool, extract_features, frozen, probe_layers
+from infopro.probes import DEFAULT_L2, check_l2, check_pool, extract_features, frozen, probe_layers
 from infopro.records import device_name, git_state, write_csv
 from infopro.runs import Run
 from infopro.splits import num_layer_points
@@ -34,7 +34,7 @@ def image_counts(run: Run, train_subset, test_subset, prefix: str) -> dict:
 
 
 def probe_settings(run: Run, pool="gap", l2=DEFAULT_L2, train_subset=None, test_subset=None) -> dict:
-    return {"pool": check_pool(pool), "l2": l2} | image_counts(run, train_subset, test_subset, "probe")
+    return {"pool": check_pool(pool), "l2": check_l2(l2)} | image_counts(run, train_subset, test_subset, "probe")
 
 
 def mutual_info_settings(run: Run, settings=EstimatorSettings(), train_subset=None, test_subset=None) -> dict:

@@ -37,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from infopro.data import to_unit
+from infopro.errors import InfoProError
 from infopro.local import AuxHead, Decoder
 from infopro.models import init_like_paper
 
@@ -50,6 +51,12 @@ class EstimatorSettings:
     lr: float = 3e-3
     val_fraction: float = 0.1
     seed: int = 0
+
+    def __post_init__(self):
+        """Refuse settings that train no predictor, or train it on nothing, before any run is loaded."""
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0 or not 0 < self.val_fraction < 1:
+            raise InfoProError("the estimators need epochs >= 1, batch size >= 1, lr > 0 and a validation "
+                               f"fraction in (0, 1); got {self}")
 
     def as_columns(self) -> dict:
         return {f"est_{key}": value for key, value in asdict(self).items()}

@@ -33,6 +33,13 @@ def check_pool(pool: str) -> str:
     raise InfoProError(f"unknown pooling {pool!r}; valid: gap, none, avgN (e.g. avg2)")
 
 
+def check_l2(l2: float) -> float:
+    """A negative (or NaN) penalty makes the probe's objective unbounded: its error would mean nothing."""
+    if not l2 >= 0:
+        raise InfoProError(f"the probe's L2 penalty must be >= 0, got {l2}")
+    return l2
+
+
 def pool_features(h: torch.Tensor, pool: str) -> torch.Tensor:
     """(B, C, H, W) -> (B, D): global average, adaptive average to N x N, or flattened."""
     if pool == "gap":

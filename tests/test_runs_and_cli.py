@@ -158,6 +158,20 @@ def test_an_analysis_of_no_runs_is_an_error_not_an_empty_result(analysis, tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.parametrize("analysis,option,message", [
+    ("analysis.probe", ["--l2", "-1"], "the probe's L2 penalty must be >= 0, got -1.0"),
+    ("analysis.mutual_info", ["--epochs", "0"], "the estimators need epochs >= 1"),
+    ("analysis.mutual_info", ["--lr", "-0.1"], "the estimators need epochs >= 1"),
+    ("analysis.probe", ["--layers", "0,17"], "layer points must lie in 1..16, got [0, 17]"),
+])
+def test_an_analysis_setting_that_would_mean_nothing_stops_before_any_work(analysis, option, message, tmp_path):
+    """A negative L2 once fitted a probe anyway (90% error at layer 1, exit 0)."""
+    result = run_cli(analysis, "--runs", "results/runs", "--only", "e2e-K1-n10000-e12-b128-s0", *option,
+                     "--data-root", str(tmp_path), "--out", str(tmp_path / "out.csv"))
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.csv").exists()
+
+
 def test_a_reader_closing_the_pipe_early_gets_no_traceback():
     """`... | head -1`: the listing stops quietly when its reader has read enough."""
     script = "from infopro.cli import run; run(lambda: [print('run', i) for i in range(100000)])"
