@@ -79,12 +79,19 @@ class TrainConfig:
                 object.__setattr__(self, name, None)
         for name in ("lambda1", "lambda2"):
             if getattr(self, name) is not None:
-                object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
+                weights = tuple(float(v) for v in getattr(self, name))
+                if not all(0 <= w < math.inf for w in weights):  # a negative weight ascends its loss
+                    raise InfoProError(f"--{name} weights must be finite and 0 or more, got {weights}")
+                object.__setattr__(self, name, weights)
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise InfoProError(f"--{name.replace('_', '-')} must be at least 1")
         if self.warmup_epochs < 0:
             raise InfoProError("--warmup-epochs must be 0 or more")
+        if not 0 < self.lr < math.inf:
+            raise InfoProError(f"--lr must be positive and finite, got {self.lr}")
+        if self.seed < 0:  # torch's generators take no negative seed
+            raise InfoProError(f"--seed must be 0 or more, got {self.seed}")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":

@@ -122,6 +122,10 @@ BAD_INPUTS = [
     (["--regime", "e2e", "--dataset", "cifar10", "--data-root", "/nonexistent"], "CIFAR-10 not found"),
     (["--regime", "e2e", "--dataset", "cifar10-jpeg", "--data-root", "/nonexistent"], "cifar10-jpeg not found"),
     (["--regime", "e2e", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--regime", "e2e", "--lr", "-1"], "--lr must be positive and finite, got -1.0"),  # was a traceback
+    (["--regime", "e2e", "--seed", "-1"], "--seed must be 0 or more, got -1"),  # was a traceback
+    (["--regime", "infopro", "--K", "2", "--lambda1", "-1", "--lambda2", "1"],
+     "--lambda1 weights must be finite and 0 or more, got (-1.0,"),  # was trained, exit 0
 ]
 
 
