@@ -24,7 +24,7 @@ import pandas as pd
 
 from infopro.bench import (Method, cuda_peak_bytes, default_methods, device_slug, max_batches, measure, run_methods,
                            search_max_batches, summary_table)
-from infopro.cli import ArgumentParser, run
+from infopro.cli import ArgumentParser, at_least, run
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.pipeline import compare_pipelines
@@ -39,19 +39,19 @@ FULL = {"batch_size": 1024, "steps": 20, "warmup": 5, "pipeline_images": 50000}
 def parse_args(argv=None):
     p = ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="resnet110", choices=ARCHS)
-    p.add_argument("--batch-size", type=int, help="default 1024 (32 with --quick)")
+    p.add_argument("--batch-size", type=at_least(1), help="default 1024 (32 with --quick)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS)
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--methods", nargs="+", help="default: every method defined for --arch")
-    p.add_argument("--steps", type=int, help="timed steps per method (default 20; 3 with --quick)")
-    p.add_argument("--warmup", type=int, help="untimed steps first (default 5; 1 with --quick)")
+    p.add_argument("--steps", type=at_least(1), help="timed steps per method (default 20; 3 with --quick)")
+    p.add_argument("--warmup", type=at_least(0), help="untimed steps first (default 5; 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="tiny settings, for CPU and CI")
     p.add_argument("--measure", nargs="+", default=["steps"], choices=MEASUREMENTS,
                    help="steps: the step table (default); max-batch: each method's largest batch under "
                         "--caps (CUDA); pipeline: one epoch of our pipeline vs a DataLoader")
     p.add_argument("--caps", metavar="GIB,...", type=gib_list, default=[2.0, 4.0, 8.0],
                    help="CUDA allocation caps for --measure max-batch (default 2,4,8)")
-    p.add_argument("--pipeline-images", type=int, help="images in that epoch (default 50000; 512 with --quick)")
+    p.add_argument("--pipeline-images", type=at_least(1), help="images in that epoch (default 50000; 512 with --quick)")
     p.add_argument("--out", default="results/bench", help="folder for the CSVs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--search-caps", type=gib_list, help=argparse.SUPPRESS)

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from infopro.bench import device_slug, write_measurement
-from infopro.cli import ArgumentParser, run
+from infopro.cli import ArgumentParser, at_least, run
 from infopro.data import DATASETS
 from infopro.local import REGIMES
 from infopro.models import ARCHS
@@ -29,11 +29,11 @@ def parse_args(argv=None):
     p.add_argument("--arch", default="resnet32", choices=ARCHS)
     p.add_argument("--regime", default="infopro", choices=REGIMES[1:])
     p.add_argument("--K", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--staleness", type=int, nargs="+", default=[0, 2], help="max staleness values to time")
+    p.add_argument("--staleness", type=at_least(0), nargs="+", default=[0, 2], help="max staleness values to time")
     p.add_argument("--dataset", default="synthetic", choices=DATASETS)
     p.add_argument("--data-root")
-    p.add_argument("--train-subset", type=int, default=2048)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--train-subset", type=at_least(1), default=2048)
+    p.add_argument("--batch-size", type=at_least(1), default=128)
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--out", default="results/bench")
     return p.parse_args(argv)

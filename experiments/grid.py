@@ -18,9 +18,8 @@ import tempfile
 from pathlib import Path
 
 from infopro.bench import device_slug, write_measurement
-from infopro.cli import ArgumentParser, run
+from infopro.cli import ArgumentParser, at_least, run
 from infopro.data import DATASETS
-from infopro.errors import InfoProError
 from infopro.grid import GRIDS, get_grid, measure_jobs, run_grid, run_state
 from infopro.records import provenance
 from infopro.train import resolve_device
@@ -33,13 +32,14 @@ def parse_args(argv=None):
     p.add_argument("--only", nargs="+", metavar="TEXT",
                    help="only the configurations whose run id contains one of these (e.g. K2-)")
     p.add_argument("--dataset", choices=DATASETS, help="override the grid's dataset")
-    p.add_argument("--jobs", type=int, default=1, help="trainings to run at once (on one GPU: pick with --measure-jobs)")
+    p.add_argument("--jobs", type=at_least(1), default=1,
+                   help="trainings to run at once (on one GPU: pick with --measure-jobs)")
     p.add_argument("--time-budget", type=float, metavar="MIN", help="stop cleanly within MIN minutes")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--data-root")
     p.add_argument("--out", default="results/runs", help="folder holding one directory per run")
     p.add_argument("--status", action="store_true", help="list done / partial / missing runs and exit")
-    p.add_argument("--measure-jobs", type=int, nargs="+", metavar="N",
+    p.add_argument("--measure-jobs", type=at_least(1), nargs="+", metavar="N",
                    help="measure aggregate images/s with N trainings at once (each N in turn) and exit")
     p.add_argument("--bench-out", default="results/bench", help="folder for the --measure-jobs CSV")
     return p.parse_args(argv)
@@ -67,8 +67,6 @@ def main(argv=None):
 
 def report_jobs(args, config) -> None:
     """Measure which number of concurrent trainings gives the most images/s; write and print it."""
-    if min(args.measure_jobs) < 1:
-        raise InfoProError("--measure-jobs takes counts of 1 or more")
     device = resolve_device(args.device)
     with tempfile.TemporaryDirectory(prefix="infopro-jobs-") as folder:
         rows = measure_jobs(config, args.measure_jobs, folder, device.type, args.data_root)

@@ -15,8 +15,7 @@ Asy-InfoPro on ResNet-110 at K = 2 / 4: 7.34 / 8.39% test error (facts §6).
 from functools import partial
 
 from experiments.train import add_training_arguments, config_from, report, run_options
-from infopro.cli import ArgumentParser, run
-from infopro.errors import InfoProError
+from infopro.cli import ArgumentParser, at_least, run
 from infopro.distributed import Rank, run_as_torchrun_rank, spawn_ranks, under_torchrun
 from infopro.module_parallel import train_rank
 from infopro.train import resolve_device
@@ -31,11 +30,9 @@ def rank_job(me: Rank, config, out, options: dict) -> None:
 def main(argv=None):
     p = ArgumentParser(prog="python -m experiments.train_pipeline", description=__doc__.split("\n\n")[0])
     add_training_arguments(p)
-    p.add_argument("--max-staleness", type=int, default=0, metavar="S",
+    p.add_argument("--max-staleness", type=at_least(0), default=0, metavar="S",
                    help="batches a rank may run ahead of the next one (0 = none)")
     args = p.parse_args(argv)
-    if args.max_staleness < 0:
-        raise InfoProError("--max-staleness must be 0 or more")
     config = config_from(args)
     options = {"max_staleness": args.max_staleness} | run_options(args)
     job = partial(rank_job, config=config, out=args.out, options=options)

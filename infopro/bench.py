@@ -220,7 +220,7 @@ def run_in_fresh_process(args: list[str], timeout: float) -> dict:
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
         message = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": message[:300]}
+        return {"error": message.removeprefix("error: ")[:300]}  # the caller prints its own "error: "
     return json.loads(lines[-1])
 
 

@@ -15,6 +15,24 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse `type`: an integer no smaller than `minimum`, refused in one line otherwise.
+
+    A count below its floor would not fail on its own: `--jobs 0` schedules nothing and waits
+    forever, a negative staleness lets no rank ever start a batch.
+    """
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below the smallest allowed value, {minimum}")
+        return value
+
+    return parse
+
+
 def run(main: Callable[[], object]) -> None:
     """Call `main`; turn user errors and Ctrl-C into one line on stderr and a non-zero exit.
 

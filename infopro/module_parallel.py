@@ -255,6 +255,8 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
     if config.K != me.world_size:
         raise InfoProError(f"K = {config.K} local modules need {config.K} ranks; got {me.world_size} "
                            f"(torchrun --nproc_per_node {config.K})")
+    if max_staleness < 0:  # no rank could ever start a batch: every one would wait forever
+        raise InfoProError(f"max_staleness must be 0 or more, got {max_staleness}")
     configure_backends(me.device)
     budget = EpochBudget(stop_after_epoch, time_budget)
     net = place(build_net(config), me.device)

@@ -101,6 +101,14 @@ def test_a_failing_rank_stops_every_rank_with_its_message(tmp_path, capfd):
     assert "error (rank 1): injected failure on rank 1" in capfd.readouterr().err
 
 
+def test_a_negative_staleness_is_refused_by_every_rank_instead_of_deadlocking(tmp_path, capfd):
+    """With S < 0 no rank may ever start a batch; the library refuses it, not only the command line."""
+    with pytest.raises(InfoProError, match="exited with code 2, so every rank was stopped"):
+        pipeline(TrainConfig(regime="greedy", K=2, **SMALL), tmp_path / "run", max_staleness=-1)
+    assert "max_staleness must be 0 or more, got -1" in capfd.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_torchrun_runs_the_pipeline_and_refuses_a_wrong_world_size(tmp_path):
     options = ["--regime", "greedy", "--dataset", "synthetic", "--train-subset", "128", "--test-subset", "64",
                "--epochs", "1", "--batch-size", "64", "--device", "cpu"]

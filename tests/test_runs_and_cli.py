@@ -139,6 +139,25 @@ def test_bad_input_gets_one_line_and_non_zero_exit(args, message, tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+BAD_COUNTS = [  # (entry point, options, message); --jobs 0 scheduled nothing and waited forever
+    ("experiments.grid", ["table2-resnet32", "--jobs", "0"], "argument --jobs: 0 is below the smallest allowed value"),
+    ("experiments.grid", ["table2-resnet32", "--jobs", "two"], "argument --jobs: 'two' is not an integer"),
+    ("experiments.grid", ["table2-resnet32", "--measure-jobs", "1", "0"], "argument --measure-jobs: 0 is below"),
+    ("experiments.bench", ["--quick", "--batch-size", "0"], "argument --batch-size: 0 is below"),
+    ("experiments.bench", ["--quick", "--warmup", "-1"], "argument --warmup: -1 is below the smallest allowed"),
+    ("experiments.bench_module_parallel", ["--staleness", "0", "-1"], "argument --staleness: -1 is below"),
+    ("experiments.train_pipeline", ["--regime", "greedy", "--K", "2", "--max-staleness", "-1"],
+     "argument --max-staleness: -1 is below the smallest allowed value, 0"),
+]
+
+
+@pytest.mark.parametrize("entry_point,args,message", BAD_COUNTS)
+def test_a_count_below_its_floor_is_refused_before_any_work(entry_point, args, message, tmp_path):
+    result = run_cli(entry_point, *args, "--out", str(tmp_path / "out"), timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
 def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
     (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"\x1f\x8b broken")
     result = run_cli("experiments.train", "--regime", "e2e", "--dataset", "cifar10",
