@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from infopro.bench import device_slug, write_measurement
-from infopro.cli import ArgumentParser, at_least, run
+from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS
 from infopro.grid import GRIDS, get_grid, measure_jobs, run_grid, run_state
 from infopro.records import provenance
@@ -34,7 +34,7 @@ def parse_args(argv=None):
     p.add_argument("--dataset", choices=DATASETS, help="override the grid's dataset")
     p.add_argument("--jobs", type=at_least(1), default=1,
                    help="trainings to run at once (on one GPU: pick with --measure-jobs)")
-    p.add_argument("--time-budget", type=float, metavar="MIN", help="stop cleanly within MIN minutes")
+    p.add_argument("--time-budget", type=positive, metavar="MIN", help="stop cleanly within MIN minutes")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--data-root")
     p.add_argument("--out", default="results/runs", help="folder holding one directory per run")

@@ -19,7 +19,7 @@ times, 13, 18 and 31 min for InfoPro (Contrast) K = 2, 4, 8.
 import time
 from pathlib import Path
 
-from infopro.cli import ArgumentParser, run
+from infopro.cli import ArgumentParser, positive, run
 from infopro.errors import InfoProError
 from infopro.records import git_state
 from infopro.reproduce import check_code_is_named, pack, results_since, run_stages, stages
@@ -28,17 +28,15 @@ from infopro.train import resolve_device
 
 def main(argv=None):
     p = ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0])
-    p.add_argument("--time-budget", type=float, metavar="MIN",
+    p.add_argument("--time-budget", type=positive, metavar="MIN",
                    help="start nothing that would not end within MIN minutes")
     p.add_argument("--data-root", help="folder or archive holding the cifar10-jpeg copy")
     p.add_argument("--results", default="results", help="the results folder (bench/ and runs/ inside)")
     p.add_argument("--plan", action="store_true", help="list the stages, done or to do, and exit")
     p.add_argument("--pack-to", metavar="DIR", help="afterwards, pack every results file this call wrote "
                                                     "(checkpoints included) into tar parts in DIR")
-    p.add_argument("--pack-mib", type=float, default=15, metavar="MIB", help="largest part (default: 15 MiB)")
+    p.add_argument("--pack-mib", type=positive, default=15, metavar="MIB", help="largest part (default: 15 MiB)")
     args = p.parse_args(argv)
-    if args.pack_mib <= 0:
-        p.error(f"--pack-mib {args.pack_mib:g}: a part's size must be positive")
     plan = stages(Path(args.results), args.data_root)
     if args.plan:
         for stage in plan:

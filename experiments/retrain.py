@@ -17,7 +17,7 @@ ResNet-32 of the schedule check: 25 to 100 min on 2 CPU cores).
 
 import time
 
-from infopro.cli import ArgumentParser, run
+from infopro.cli import ArgumentParser, positive, run
 from infopro.retrain import ReplayDiffers, report, retrain
 from infopro.runs import load_run
 
@@ -30,7 +30,7 @@ def main(argv=None):
     p.add_argument("--data-root", help="folder or archive of the runs' dataset")
     p.add_argument("--restore-weights", action="store_true",
                    help="give a run without model.pt the replay's weights once they agree")
-    p.add_argument("--time-budget", type=float, metavar="MIN",
+    p.add_argument("--time-budget", type=positive, metavar="MIN",
                    help="stop after the last epoch expected to end within MIN minutes (resumable)")
     args = p.parse_args(argv)
     runs = [load_run(path) for path in args.runs]

@@ -20,7 +20,7 @@ directory of one process:
 import os
 from functools import partial
 
-from infopro.cli import ArgumentParser, run
+from infopro.cli import ArgumentParser, positive, run
 from infopro.data import DATASETS
 from infopro.data_parallel import DataParallel
 from infopro.distributed import Rank, run_as_torchrun_rank, under_torchrun
@@ -65,7 +65,7 @@ def add_training_arguments(p: ArgumentParser) -> None:
     p.add_argument("--precision", default=defaults.precision, choices=PRECISIONS)
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue the run in --out after its last epoch")
-    p.add_argument("--time-budget", type=float, metavar="MIN",
+    p.add_argument("--time-budget", type=positive, metavar="MIN",
                    help="stop after the last epoch expected to end within MIN minutes (resumable)")
 
 

@@ -1,6 +1,7 @@
 """Command-line plumbing shared by every entry point: one-line errors, never a traceback."""
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -31,6 +32,21 @@ def at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def positive(text: str) -> float:
+    """An argparse `type`: a finite number above 0 (a time budget, a size).
+
+    A time budget of 0 or less used to train one epoch anyway; NaN compares false with every
+    deadline, so it silently meant no budget at all; an infinite part size was a traceback.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number above 0")
+    return value
 
 
 def run(main: Callable[[], object]) -> None:

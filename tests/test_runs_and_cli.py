@@ -139,23 +139,32 @@ def test_bad_input_gets_one_line_and_non_zero_exit(args, message, tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-BAD_COUNTS = [  # (entry point, options, message); --jobs 0 scheduled nothing and waited forever
-    ("experiments.grid", ["table2-resnet32", "--jobs", "0"], "argument --jobs: 0 is below the smallest allowed value"),
-    ("experiments.grid", ["table2-resnet32", "--jobs", "two"], "argument --jobs: 'two' is not an integer"),
-    ("experiments.grid", ["table2-resnet32", "--measure-jobs", "1", "0"], "argument --measure-jobs: 0 is below"),
-    ("experiments.bench", ["--quick", "--batch-size", "0"], "argument --batch-size: 0 is below"),
-    ("experiments.bench", ["--quick", "--warmup", "-1"], "argument --warmup: -1 is below the smallest allowed"),
-    ("experiments.bench_module_parallel", ["--staleness", "0", "-1"], "argument --staleness: -1 is below"),
-    ("experiments.train_pipeline", ["--regime", "greedy", "--K", "2", "--max-staleness", "-1"],
+BAD_NUMBERS = [  # (entry point, options, message); OUT stands for the folder the command must not write
+    ("experiments.grid", ["table2-resnet32", "--jobs", "0", "--out", "OUT"],  # scheduled nothing, waited forever
+     "argument --jobs: 0 is below the smallest allowed value"),
+    ("experiments.grid", ["table2-resnet32", "--jobs", "two", "--out", "OUT"], "argument --jobs: 'two' is not an"),
+    ("experiments.grid", ["table2-resnet32", "--measure-jobs", "1", "0", "--out", "OUT"],
+     "argument --measure-jobs: 0 is below"),
+    ("experiments.bench", ["--quick", "--batch-size", "0", "--out", "OUT"], "argument --batch-size: 0 is below"),
+    ("experiments.bench", ["--quick", "--warmup", "-1", "--out", "OUT"], "argument --warmup: -1 is below the smallest"),
+    ("experiments.bench_module_parallel", ["--staleness", "0", "-1", "--out", "OUT"], "argument --staleness: -1 is"),
+    ("experiments.train_pipeline", ["--regime", "greedy", "--K", "2", "--max-staleness", "-1", "--out", "OUT"],
      "argument --max-staleness: -1 is below the smallest allowed value, 0"),
+    ("experiments.train", ["--regime", "e2e", "--dataset", "synthetic", "--time-budget", "0", "--out", "OUT"],
+     "argument --time-budget: 0 is not a finite number above 0"),  # trained one epoch
+    ("experiments.grid", ["table2-resnet32", "--time-budget", "nan", "--out", "OUT"],  # meant no budget at all
+     "argument --time-budget: nan is not a finite number above 0"),
+    ("experiments.reproduce", ["--time-budget", "5", "--pack-to", "OUT", "--pack-mib", "inf"],  # was a traceback
+     "argument --pack-mib: inf is not a finite number above 0"),
 ]
 
 
-@pytest.mark.parametrize("entry_point,args,message", BAD_COUNTS)
-def test_a_count_below_its_floor_is_refused_before_any_work(entry_point, args, message, tmp_path):
-    result = run_cli(entry_point, *args, "--out", str(tmp_path / "out"), timeout=60)
+@pytest.mark.parametrize("entry_point,args,message", BAD_NUMBERS)
+def test_a_number_outside_its_range_is_refused_before_any_work(entry_point, args, message, tmp_path):
+    out = tmp_path / "out"
+    result = run_cli(entry_point, *[str(out) if arg == "OUT" else arg for arg in args], timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
