@@ -12,7 +12,7 @@ cores: 25 s per ResNet-32 run on 12,000 images (the fixture); on a GPU not yet m
 
 
 from infopro.analysis import analyse_runs, probe_run, probe_settings
-from infopro.cli import ArgumentParser, run
+from infopro.cli import ArgumentParser, at_least, run
 from infopro.probes import DEFAULT_L2
 from infopro.runs import finished_runs
 from infopro.train import resolve_device
@@ -27,8 +27,8 @@ def common_arguments(p: ArgumentParser):
     p.add_argument("--runs", default="results/runs", help="folder searched for finished runs")
     p.add_argument("--only", nargs="+", metavar="TEXT", help="analyse only runs whose id contains TEXT")
     p.add_argument("--layers", type=layer_list, metavar="L1,L2", help="layer points (default: all)")
-    p.add_argument("--train-subset", type=int, metavar="N", help="use N of each run's training images")
-    p.add_argument("--test-subset", type=int, metavar="N", help="use N of each run's test images")
+    p.add_argument("--train-subset", type=at_least(1), metavar="N", help="use N of each run's training images")
+    p.add_argument("--test-subset", type=at_least(1), metavar="N", help="use N of each run's test images")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--data-root", help="folder or archive of the runs' dataset")
     p.add_argument("--force", action="store_true", help="redo runs already in the CSV")
