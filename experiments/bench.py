@@ -24,7 +24,7 @@ import pandas as pd
 
 from infopro.bench import (Method, cuda_peak_bytes, default_methods, device_slug, max_batches, measure, run_methods,
                            search_max_batches, summary_table)
-from infopro.cli import ArgumentParser, at_least, run
+from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.pipeline import compare_pipelines
@@ -63,14 +63,8 @@ def parse_args(argv=None):
 
 
 def gib_list(text: str) -> list[float]:
-    """'2,4,8' -> [2.0, 4.0, 8.0] (GiB), for argparse."""
-    try:
-        caps = [float(c) for c in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of GiB") from None
-    if not all(cap > 0 for cap in caps):
-        raise argparse.ArgumentTypeError(f"{text!r}: every cap must be positive")
-    return caps
+    """'2,4,8' -> [2.0, 4.0, 8.0] (GiB), for argparse: each cap a finite number above 0."""
+    return [positive(cap) for cap in text.split(",")]
 
 
 def worker(args) -> None:

@@ -126,8 +126,9 @@ def test_bench_refuses_bad_input_in_one_line(tmp_path):
     for args, message in ((["--methods", "infopro"], "give K"),
                           (["--measure", "max-batch", "--methods", "e2e", "--device", "cpu"], "needs --device cuda"),
                           (["--measure", "max-batch", "--methods", "e2m", "--device", "cpu"], "unknown method"),
-                          (["--caps", "2,four"], "comma-separated list of GiB"),
-                          (["--caps", "0"], "must be positive"),
+                          (["--caps", "2,four"], "argument --caps: 'four' is not a number"),
+                          (["--caps", "0"], "argument --caps: 0 is not a finite number above 0"),
+                          (["--caps", "2,inf"], "argument --caps: inf is not a finite number above 0"),
                           (["--measure", "speed"], "invalid choice")):
         result = run_cli("experiments.bench", *args, "--out", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr, result.stderr
