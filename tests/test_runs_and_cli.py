@@ -195,7 +195,8 @@ def test_an_analysis_of_no_runs_is_an_error_not_an_empty_result(analysis, tmp_pa
     ("analysis.mutual_info", ["--epochs", "0"], "the estimators need epochs >= 1"),
     ("analysis.mutual_info", ["--lr", "-0.1"], "the estimators need epochs >= 1"),
     ("analysis.probe", ["--layers", "0,17"], "layer points must lie in 1..16, got [0, 17]"),
-    ("analysis.mutual_info", ["--train-subset", "0"], "argument --train-subset: 0 is below"),  # once came after a progress line
+    # refused only after looking for the data, once
+    ("analysis.mutual_info", ["--train-subset", "0"], "argument --train-subset: 0 is below"),
 ])
 def test_an_analysis_setting_that_would_mean_nothing_stops_before_any_work(analysis, option, message, tmp_path):
     """A negative L2 once fitted a probe anyway (90% error at layer 1, exit 0)."""
