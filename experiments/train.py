@@ -24,6 +24,7 @@ from infopro.cli import ArgumentParser, positive, run
 from infopro.data import DATASETS
 from infopro.data_parallel import DataParallel
 from infopro.distributed import Rank, run_as_torchrun_rank, under_torchrun
+from infopro.errors import InfoProError
 from infopro.local import REGIMES, TASK_LOSSES
 from infopro.models import ARCHS
 from infopro.train import PRECISIONS, TrainConfig, resolve_device, train
@@ -43,8 +44,9 @@ def add_training_arguments(p: ArgumentParser) -> None:
     p.add_argument("--arch", default=defaults.arch, choices=ARCHS)
     p.add_argument("--regime", required=True, choices=REGIMES)
     p.add_argument("--K", type=int, default=1, help="number of local modules (1 = end-to-end)")
-    p.add_argument("--task-loss", default="contrast", choices=TASK_LOSSES,
-                   help="InfoPro's I(h,y) term: supervised contrastive or softmax cross-entropy")
+    p.add_argument("--task-loss", choices=TASK_LOSSES,
+                   help="InfoPro's I(h,y) term: supervised contrastive or softmax cross-entropy "
+                        f"(default: {TrainConfig.task_loss})")
     p.add_argument("--split", default="paper",
                    help="'paper' (equal depth), 'balanced' (InfoPro*, resnet110 K=2-4) or layer points '4,8,12'")
     p.add_argument("--lambda1", type=pair, metavar="FIRST,LAST",
@@ -70,9 +72,18 @@ def add_training_arguments(p: ArgumentParser) -> None:
 
 
 def config_from(args) -> TrainConfig:
+    """The config the options describe; InfoPro's own options given to another regime are refused.
+
+    The config drops them outside InfoPro, so `--regime greedy --task-loss softmax` would
+    silently train plain greedy SL under a command line that says otherwise.
+    """
+    given = [f"--{name.replace('_', '-')}" for name in ("task_loss", "lambda1", "lambda2")
+             if getattr(args, name) is not None]
+    if given and args.regime != "infopro":
+        raise InfoProError(f"{', '.join(given)}: InfoPro's options, meaningless for --regime {args.regime}")
     return TrainConfig(
-        arch=args.arch, regime=args.regime, K=args.K, task_loss=args.task_loss, split=args.split,
-        lambda1=args.lambda1, lambda2=args.lambda2, dataset=args.dataset,
+        arch=args.arch, regime=args.regime, K=args.K, task_loss=args.task_loss or TrainConfig.task_loss,
+        split=args.split, lambda1=args.lambda1, lambda2=args.lambda2, dataset=args.dataset,
         train_subset=args.train_subset, test_subset=args.test_subset, epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, warmup_epochs=args.warmup_epochs, seed=args.seed,
         precision=args.precision)

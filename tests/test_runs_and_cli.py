@@ -126,6 +126,10 @@ BAD_INPUTS = [
     (["--regime", "e2e", "--seed", "-1"], "--seed must be 0 or more, got -1"),  # was a traceback
     (["--regime", "infopro", "--K", "2", "--lambda1", "-1", "--lambda2", "1"],
      "--lambda1 weights must be finite and 0 or more, got (-1.0,"),  # was trained, exit 0
+    (["--regime", "greedy", "--K", "2", "--task-loss", "softmax"],  # was plain greedy SL, exit 0
+     "--task-loss: InfoPro's options, meaningless for --regime greedy"),
+    (["--regime", "e2e", "--lambda1", "1,1", "--lambda2", "1,1"],
+     "--lambda1, --lambda2: InfoPro's options, meaningless for --regime e2e"),
 ]
 
 
