@@ -100,7 +100,7 @@ def main(argv=None):
         return worker(args)
     methods = args.methods or default_methods(args.arch)
     for label in methods:
-        Method.parse(label)  # refuse a bad name before spending any time
+        Method.parse(label).check(args.arch)  # refuse a bad method before spending any time
     device = resolve_device(args.device)
     if "max-batch" in args.measure and device.type != "cuda":
         raise InfoProError("--measure max-batch searches under a real CUDA allocation cap; it needs --device cuda")

@@ -28,7 +28,7 @@ def parse_args(argv=None):
     p = ArgumentParser(prog="python -m experiments.bench_module_parallel", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="resnet32", choices=ARCHS)
     p.add_argument("--regime", default="infopro", choices=REGIMES[1:])
-    p.add_argument("--K", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--K", type=at_least(2), nargs="+", default=[2, 4], help="local modules, one rank each")
     p.add_argument("--staleness", type=at_least(0), nargs="+", default=[0, 2], help="max staleness values to time")
     p.add_argument("--dataset", default="synthetic", choices=DATASETS)
     p.add_argument("--data-root")
@@ -42,11 +42,13 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     device = resolve_device(args.device)
+    configs = [TrainConfig(arch=args.arch, regime=args.regime, K=K, dataset=args.dataset,
+                           train_subset=args.train_subset, test_subset=1000, epochs=2,
+                           batch_size=args.batch_size, warmup_epochs=1) for K in args.K]
+    for config in configs:  # refuse a K without a split (or λs) before measuring the others
+        config.resolved()
     rows = []
-    for K in args.K:
-        config = TrainConfig(arch=args.arch, regime=args.regime, K=K, dataset=args.dataset,
-                             train_subset=args.train_subset, test_subset=1000, epochs=2,
-                             batch_size=args.batch_size, warmup_epochs=1)
+    for config in configs:
         with tempfile.TemporaryDirectory() as folder:
             rows += compare_throughput(config, args.staleness, folder, device)
     context = {"arch": args.arch, "dataset": args.dataset, "train_images": args.train_subset,

@@ -47,8 +47,8 @@ def add_training_arguments(p: ArgumentParser) -> None:
     p.add_argument("--task-loss", choices=TASK_LOSSES,
                    help="InfoPro's I(h,y) term: supervised contrastive or softmax cross-entropy "
                         f"(default: {TrainConfig.task_loss})")
-    p.add_argument("--split", default="paper",
-                   help="'paper' (equal depth), 'balanced' (InfoPro*, resnet110 K=2-4) or layer points '4,8,12'")
+    p.add_argument("--split", help="'paper' (equal depth), 'balanced' (InfoPro*, resnet110 K=2-4) or layer "
+                                   f"points '4,8,12' (default: {TrainConfig.split})")
     p.add_argument("--lambda1", type=pair, metavar="FIRST,LAST",
                    help="reconstruction weight λ1 of the first and of the last local module (default: paper)")
     p.add_argument("--lambda2", type=pair, metavar="FIRST,LAST",
@@ -72,21 +72,30 @@ def add_training_arguments(p: ArgumentParser) -> None:
 
 
 def config_from(args) -> TrainConfig:
-    """The config the options describe; InfoPro's own options given to another regime are refused.
+    """The config the options describe; options that would not change what is trained are refused.
 
-    The config drops them outside InfoPro, so `--regime greedy --task-loss softmax` would
-    silently train plain greedy SL under a command line that says otherwise.
+    The config drops InfoPro's options outside InfoPro, so `--regime greedy --task-loss softmax`
+    would silently train plain greedy SL under a command line that says otherwise; and one
+    module is end-to-end training whatever the regime, so `--regime greedy --K 1` would train
+    E2E under another run name.
     """
     given = [f"--{name.replace('_', '-')}" for name in ("task_loss", "lambda1", "lambda2")
              if getattr(args, name) is not None]
     if given and args.regime != "infopro":
         raise InfoProError(f"{', '.join(given)}: InfoPro's options, meaningless for --regime {args.regime}")
-    return TrainConfig(
+    if args.K == 1 and args.regime != "e2e":
+        raise InfoProError(f"--regime {args.regime} with --K 1 is end-to-end training: "
+                           f"use --regime e2e, or --K 2 or more")
+    if args.K == 1 and args.split is not None:
+        raise InfoProError("--split: one module (end-to-end) has no module ends to place")
+    config = TrainConfig(
         arch=args.arch, regime=args.regime, K=args.K, task_loss=args.task_loss or TrainConfig.task_loss,
-        split=args.split, lambda1=args.lambda1, lambda2=args.lambda2, dataset=args.dataset,
+        split=args.split or TrainConfig.split, lambda1=args.lambda1, lambda2=args.lambda2, dataset=args.dataset,
         train_subset=args.train_subset, test_subset=args.test_subset, epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, warmup_epochs=args.warmup_epochs, seed=args.seed,
         precision=args.precision)
+    config.resolved()  # a K its split cannot give is refused before the data is loaded
+    return config
 
 
 def run_options(args) -> dict:

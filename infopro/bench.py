@@ -45,7 +45,7 @@ from infopro.errors import InfoProError
 from infopro.local import run_layers
 from infopro.memory import PeakTensorMemory, SavedActivations
 from infopro.records import REPO_ROOT, device_name, write_csv
-from infopro.splits import PAPER_SPLITS
+from infopro.splits import PAPER_LOSS_WEIGHTS, PAPER_SPLITS
 from infopro.train import TrainConfig, build_net, configure_backends, place, train_step
 
 FAMILIES = ("e2e", "checkpoint", "offload", "greedy", "infopro", "infopro-balanced", "infopro+checkpoint")
@@ -71,14 +71,32 @@ class Method:
         return cls(family, int(k) if k else 1)
 
     @property
+    def split(self) -> str:
+        return "balanced" if self.family == "infopro-balanced" else "paper"
+
+    def check(self, arch: str) -> None:
+        """Refuse a K the benchmark cannot build for `arch`, before any worker is started.
+
+        It builds the paper's split, and for InfoPro the paper's λ1, λ2; K = 1 is e2e, which
+        would otherwise be measured again under another name.
+        """
+        if self.family in ("e2e", "checkpoint", "offload"):
+            return
+        table = PAPER_SPLITS if self.family == "greedy" else PAPER_LOSS_WEIGHTS
+        valid = sorted(table.get((arch, self.split), {}))
+        if self.K not in valid:
+            raise InfoProError(f"method {self.label!r}: the paper gives {arch} no {self.split} split"
+                               f"{'' if self.family == 'greedy' else ' with λ1, λ2'} at K={self.K}; "
+                               f"valid K: {', '.join(map(str, valid)) or 'none'}")
+
+    @property
     def label(self) -> str:
         return f"{self.family}:{self.K}" if self.K > 1 or self.family not in ("e2e", "checkpoint", "offload") \
             else self.family
 
     def config(self, arch: str, batch_size: int, precision: str) -> TrainConfig:
         regime = {"greedy": "greedy", "e2e": "e2e", "checkpoint": "e2e", "offload": "e2e"}.get(self.family, "infopro")
-        split = "balanced" if self.family == "infopro-balanced" else "paper"
-        return TrainConfig(arch=arch, regime=regime, K=self.K, split=split, dataset="synthetic",
+        return TrainConfig(arch=arch, regime=regime, K=self.K, split=self.split, dataset="synthetic",
                            batch_size=batch_size, precision=precision)
 
     def run_segment(self):

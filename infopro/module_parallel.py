@@ -406,23 +406,27 @@ def module_seconds(config: TrainConfig, device: torch.device, steps: int = 5) ->
     return [sorted(t)[len(t) // 2] for t in (timer.seconds() for timer in timers)]
 
 
-def compare_throughput(config: TrainConfig, staleness: list[int], folder, device: torch.device) -> list[dict]:
+def compare_throughput(config: TrainConfig, staleness: list[int], folder, device: torch.device,
+                       log=print) -> list[dict]:
     """Images/s of the last epoch: synchronous trainer, then the pipeline at each staleness.
 
     Same config, data and device, one invocation; the ideal K-device speed-up from the
-    measured per-module times is written beside every row.
+    measured per-module times is written beside every row, and each measurement is logged
+    as it ends (each trains two epochs: minutes on CPU).
     """
     folder = Path(folder)
     seconds = module_seconds(config, device)
     model = {"module_ms": ";".join(f"{1000 * s:.2f}" for s in seconds), "ideal_speedup": ideal_speedup(seconds)}
     train(config, folder / "synchronous", device=device.type, log=lambda line: None)
     synchronous = last_epoch_images_per_second(folder / "synchronous")
+    log(f"K={config.K} synchronous: {synchronous:.1f} images/s")
     rows = [{"trainer": "synchronous", "ranks": 1, "max_staleness": None, "images_per_second": synchronous,
              "speedup": 1.0}]
     for s in staleness:
         run = folder / f"pipeline-S{s}"
         spawn_ranks(partial(train_rank_quietly, config=config, out=run, max_staleness=s), config.K, device)
         speed = last_epoch_images_per_second(run)
+        log(f"K={config.K} module-parallel, max staleness {s}: {speed:.1f} images/s")
         rows.append({"trainer": "module-parallel", "ranks": config.K, "max_staleness": s, "images_per_second": speed,
                      "speedup": speed / synchronous})
     return [{"K": config.K, "regime": config.regime, "seed": config.seed} | row | model for row in rows]

@@ -111,6 +111,11 @@ class TrainConfig:
             return LossWeights((), ())
         return loss_weights(self.arch, self.K, self.split, self.lambda1, self.lambda2)
 
+    def resolved(self) -> dict:
+        """The module ends and per-module λ1, λ2 it trains with; refuses a K the split cannot give."""
+        ends, weights = self.module_ends(), self.loss_weights()
+        return {"module_ends": ends, "lambda1": list(weights.lambda1), "lambda2": list(weights.lambda2)}
+
     def run_id(self) -> str:
         """Directory name from the content: dataset, arch, regime, K, split, recipe, seed.
 
@@ -301,12 +306,10 @@ def differing_keys(stored: dict, current: dict) -> str:
 
 def run_record(config: TrainConfig, dataset, train: Split, test: Split, device: torch.device) -> dict:
     """The contents of config.json: config, resolved split and λs, data identity, provenance."""
-    weights = config.loss_weights()
     return {
         "run_id": config.run_id(),
         "config": asdict(config),
-        "resolved": {"module_ends": config.module_ends(), "lambda1": list(weights.lambda1),
-                     "lambda2": list(weights.lambda2)},
+        "resolved": config.resolved(),
         "dataset": {"name": dataset.name, "fingerprint": dataset.fingerprint, "source": dataset.source,
                     "train_size": len(train), "test_size": len(test)},
         "provenance": provenance(device) | {"precision": config.precision},

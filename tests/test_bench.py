@@ -129,6 +129,12 @@ def test_bench_refuses_bad_input_in_one_line(tmp_path):
                           (["--caps", "2,four"], "argument --caps: 'four' is not a number"),
                           (["--caps", "0"], "argument --caps: 0 is not a finite number above 0"),
                           (["--caps", "2,inf"], "argument --caps: inf is not a finite number above 0"),
+                          (["--methods", "e2e", "greedy:1"],  # measured E2E again as "greedy:1"
+                           "method 'greedy:1': the paper gives resnet110 no paper split at K=1; valid K: 2, 3"),
+                          (["--arch", "resnet32", "--methods", "e2e", "infopro:3"],  # failed in its worker, exit 0
+                           "no paper split with λ1, λ2 at K=3; valid K: 2, 4, 8, 16"),
+                          (["--arch", "resnet32", "--methods", "infopro-balanced:2"],
+                           "the paper gives resnet32 no balanced split with λ1, λ2 at K=2; valid K: none"),
                           (["--measure", "speed"], "invalid choice")):
         result = run_cli("experiments.bench", *args, "--out", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -130,6 +130,10 @@ BAD_INPUTS = [
      "--task-loss: InfoPro's options, meaningless for --regime greedy"),
     (["--regime", "e2e", "--lambda1", "1,1", "--lambda2", "1,1"],
      "--lambda1, --lambda2: InfoPro's options, meaningless for --regime e2e"),
+    (["--regime", "greedy"], "--regime greedy with --K 1 is end-to-end training"),  # trained E2E as greedy-K1
+    (["--regime", "e2e", "--split", "balanced"], "--split: one module (end-to-end) has no module ends"),
+    (["--regime", "greedy", "--K", "5", "--dataset", "cifar10", "--data-root", "/nonexistent"],
+     "no paper split table for resnet32 with K=5"),  # the missing data was reported first
 ]
 
 
@@ -137,7 +141,8 @@ BAD_INPUTS = [
 def test_bad_input_gets_one_line_and_non_zero_exit(args, message, tmp_path):
     if "--dataset" not in args:
         args = [*args, "--dataset", "synthetic"]
-    result = run_cli("experiments.train", *args, "--out", str(tmp_path / "run"))
+    tiny = ["--epochs", "1", "--train-subset", "64", "--test-subset", "64"]  # a case wrongly accepted fails fast
+    result = run_cli("experiments.train", *args, *tiny, "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -152,6 +157,9 @@ BAD_NUMBERS = [  # (entry point, options, message); OUT stands for the folder th
     ("experiments.bench", ["--quick", "--batch-size", "0", "--out", "OUT"], "argument --batch-size: 0 is below"),
     ("experiments.bench", ["--quick", "--warmup", "-1", "--out", "OUT"], "argument --warmup: -1 is below the smallest"),
     ("experiments.bench_module_parallel", ["--staleness", "0", "-1", "--out", "OUT"], "argument --staleness: -1 is"),
+    ("experiments.bench_module_parallel", ["--K", "1", "--out", "OUT"], "argument --K: 1 is below the smallest"),
+    ("experiments.bench_module_parallel", ["--K", "2", "3", "--out", "OUT"],  # refused after measuring K=2
+     "the paper gives no λ1/λ2 for resnet32 K=3"),
     ("experiments.train_pipeline", ["--regime", "greedy", "--K", "2", "--max-staleness", "-1", "--out", "OUT"],
      "argument --max-staleness: -1 is below the smallest allowed value, 0"),
     ("experiments.train", ["--regime", "e2e", "--dataset", "synthetic", "--time-budget", "0", "--out", "OUT"],
