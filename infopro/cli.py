@@ -50,9 +50,11 @@ def positive(text: str) -> float:
 
 
 def run(main: Callable[[], object]) -> None:
-    """Call `main`; turn user errors and Ctrl-C into one line on stderr and a non-zero exit.
+    """Call `main`; turn user errors, file-system refusals and Ctrl-C into one line on stderr and a non-zero exit.
 
-    A reader that closes the pipe early (`... --status | head`) ends the command quietly.
+    A reader that closes the pipe early (`... --status | head`) ends the command quietly. An
+    OSError is the file system saying no (a file where a folder must be, no permission, no
+    space): its own message names the path, which is all the user needs.
     """
     try:
         main()
@@ -65,4 +67,7 @@ def run(main: Callable[[], object]) -> None:
     except BrokenPipeError:
         # Point stdout at /dev/null so that the interpreter's final flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except OSError as error:
+        print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

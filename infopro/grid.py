@@ -39,8 +39,11 @@ class Grid:
     seeds: tuple[int, ...] = (0,)
 
     def configs(self, seeds=None, only=None, **overrides) -> list[TrainConfig]:
-        """Every variant at every seed; with `only`, those whose run id contains one of its substrings."""
-        seeds = self.seeds if seeds is None else seeds
+        """Every variant at every seed; with `only`, those whose run id contains one of its substrings.
+
+        A seed given twice counts once: two processes would train the same run into one directory.
+        """
+        seeds = dict.fromkeys(self.seeds if seeds is None else seeds)
         configs = [TrainConfig(**{**self.recipe, **variant, **overrides, "seed": seed})
                    for seed in seeds for variant in self.variants]
         return select_by_run_id(configs, only, TrainConfig.run_id, "configuration of the grid")

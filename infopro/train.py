@@ -7,13 +7,17 @@ SGD step then updates every module ("simultaneous" training, as the paper's code
 
 A run directory holds `config.json` (resolved config + provenance), `metrics.csv` (one row
 per epoch), `checkpoint.pt` (while unfinished), and at the end `model.pt` and `summary.json`.
-All files are written atomically; `resume=True` continues after the last completed epoch
-and ends with the same metrics as an uninterrupted run (CPU, same seed).
+All files are written atomically, by one process at a time (it locks the directory);
+`resume=True` continues after the last completed epoch and ends with the same metrics as an
+uninterrupted run (CPU, same seed).
 """
 
+import fcntl
 import math
+import os
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -253,12 +257,40 @@ class RunDir:
     def __init__(self, path, record: dict):
         self.path = Path(path)
         self.record = record
+        self.release = lambda: None
 
     def identity(self, record: dict) -> tuple:
         return record["config"], record["dataset"]["fingerprint"]
 
     def open(self, resume: bool) -> dict | None:
-        """Return the checkpoint to resume from (None to start afresh); refuse a mismatch."""
+        """Return the checkpoint to resume from (None to start afresh); refuse a mismatch or a run in use."""
+        self.claim()
+        try:
+            return self.checkpoint_to_resume(resume)
+        except BaseException:
+            self.release()
+            raise
+
+    def claim(self) -> None:
+        """Lock the directory for this process until the RunDir is released, collected or the process ends.
+
+        Two trainings of one run (a grid started twice, a detached job launched again) would
+        interleave their checkpoints and metrics. The OS drops the lock with the process, so a
+        killed run leaves nothing stale behind.
+        """
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"{self.path} is a file, not a run directory; choose another --out")
+        self.path.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(self.path, os.O_RDONLY)
+        self.release = weakref.finalize(self, os.close, descriptor)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise RunDirError(f"{self.path} is being trained by another process; "
+                              f"wait for it to end, or choose another --out") from None
+
+    def checkpoint_to_resume(self, resume: bool) -> dict | None:
         config_file = self.path / "config.json"
         if not config_file.exists():
             if self.path.exists() and any(self.path.iterdir()):
@@ -501,7 +533,16 @@ def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, dow
     opened = replicas.open_run(config, out, data_root, download, resume)
     if opened is None:  # rank 0 could not open the run, and says why
         return None
-    log = log if replicas.writer else (lambda line: None)
+    try:
+        return train_opened(config, out, opened, replicas, budget, log if replicas.writer else (lambda line: None))
+    finally:
+        if opened.run is not None:
+            opened.run.release()
+
+
+def train_opened(config: TrainConfig, out, opened: OpenedRun, replicas: OneProcess, budget: EpochBudget,
+                 log) -> dict | None:
+    """`train` once its run directory is open (and locked by the writing process)."""
     if opened.finished:
         log(f"{out}: already complete ({config.epochs} epochs)")
         return read_json(Path(out) / "summary.json") if replicas.writer else None

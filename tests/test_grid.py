@@ -51,10 +51,11 @@ def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):
 
 
 def test_status_lists_every_run_of_the_grid(tmp_path):
-    done = run_cli("experiments.grid", "table2-resnet32", "--seeds", "0", "--status", "--out", str(tmp_path))
+    done = run_cli("experiments.grid", "table2-resnet32", "--seeds", "1", "0", "1", "--status", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert len(lines) == 13 and all(line.startswith("missing") for line in lines)
+    assert len(lines) == 26 and all(line.startswith("missing") for line in lines)  # seed 1 given twice runs once
+    assert lines[0].endswith("-s1") and lines[-1].endswith("-s0")
 
 
 def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):

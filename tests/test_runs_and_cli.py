@@ -13,7 +13,7 @@ from conftest import REPO, run_cli
 from infopro.errors import DataError, DivergedError, RunDirError
 from infopro.records import git_state
 from infopro.runs import find_runs
-from infopro.train import TrainConfig, train
+from infopro.train import RunDir, TrainConfig, train
 
 TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
                    epochs=3, batch_size=64, lr=0.05, warmup_epochs=1)
@@ -90,6 +90,22 @@ def test_a_directory_holding_another_run_is_refused(tmp_path):
         train(TrainConfig(**{**TINY.__dict__, "seed": 1}), run, device="cpu", log=quiet)
     with pytest.raises(RunDirError, match="pass --resume"):
         train(TINY, run, device="cpu", log=quiet)
+
+
+def test_a_run_being_trained_is_refused_to_a_second_trainer_until_it_is_released(tmp_path):
+    run = tmp_path / "run"
+    train(TINY, run, device="cpu", log=quiet, stop_after_epoch=1)
+    record = json.loads((run / "config.json").read_text())
+    first = RunDir(run, record)
+    first.open(resume=True)  # as a grid started twice would: the run is still in training
+    with pytest.raises(RunDirError, match="being trained by another process"):
+        train(TINY, run, device="cpu", log=quiet, resume=True)
+    assert len(pd.read_csv(run / "metrics.csv")) == 1
+    first.release()
+    assert train(TINY, run, device="cpu", log=quiet, resume=True)["epochs"] == TINY.epochs
+    with pytest.raises(RunDirError, match="different run"):  # a refusal leaves the directory free
+        train(TrainConfig(**{**TINY.__dict__, "seed": 1}), run, device="cpu", log=quiet)
+    RunDir(run, record).open(resume=True)
 
 
 def test_cli_writes_the_run_files(tmp_path):
@@ -177,6 +193,19 @@ def test_a_number_outside_its_range_is_refused_before_any_work(entry_point, args
     result = run_cli(entry_point, *[str(out) if arg == "OUT" else arg for arg in args], timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("entry_point,args,message", [
+    ("experiments.train", ["--regime", "e2e", "--dataset", "synthetic", "--train-subset", "64", "--test-subset", "64",
+                           "--epochs", "1"], "FILE is a file, not a run directory; choose another --out"),
+    ("experiments.grid", ["cpu-fixture", "--dataset", "synthetic"], "Not a directory: 'FILE/logs'"),  # an OSError
+])
+def test_a_file_where_the_output_folder_must_be_is_one_line(entry_point, args, message, tmp_path):
+    file = tmp_path / "file"
+    file.write_text("kept")
+    result = run_cli(entry_point, *args, "--out", str(file), timeout=60)
+    assert result.returncode != 0 and message.replace("FILE", str(file)) in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and file.read_text() == "kept"
 
 
 def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
