@@ -15,7 +15,7 @@ import torch
 from infopro.errors import InfoProError
 from infopro.mi import EstimatorSettings, information_about_x, information_about_y
 from infopro.probes import DEFAULT_L2, check_l2, check_pool, extract_features, frozen, probe_layers
-from infopro.records import device_name, git_state, write_csv
+from infopro.records import device_name, git_state, read_table, write_csv
 from infopro.runs import Run
 from infopro.splits import num_layer_points
 
@@ -107,7 +107,8 @@ def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *
     `force` redoes them. New rows replace old ones for the same run, settings and layer.
     """
     csv_path = Path(csv_path)
-    table = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame()
+    table = read_table(csv_path, "restore it from git, or delete it to analyse every run again",
+                       ("run_id", "layer")) if csv_path.exists() else pd.DataFrame()
     for run in runs:
         if not run.has_weights:
             log(f"{run.run_id}: no model.pt, skipped")

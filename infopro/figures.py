@@ -13,6 +13,7 @@ from infopro import plots, tables
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.paired import read_predictions
+from infopro.records import read_table
 from infopro.runs import find_runs, runs_table, schedule_pairs
 
 # How to make each input, and what it cost when we made it (see README, "What each step costs").
@@ -39,10 +40,22 @@ HOW_TO_MAKE = {
 }
 
 
+# The columns the figures group and draw by; an analysis CSV without them is refused in one line.
+LAYER_COLUMNS = ("run_id", "regime", "K", "seed", "recipe", "epochs", "train_images", "layer")
+PROBE_COLUMNS = LAYER_COLUMNS + ("test_error",)
+MI_COLUMNS = LAYER_COLUMNS + ("ixx_normalised", "ixy_normalised")
+BENCH_COLUMNS = ("method", "arch", "device", "batch_size", "precision")
+
+
 def require(path: Path, maker: str) -> Path:
     if not path.exists():
         raise InfoProError(f"{path} is missing: {HOW_TO_MAKE[maker]}")
     return path
+
+
+def read_result(path: Path, maker: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """A results CSV that `maker` makes: missing or unreadable, it is one line saying how to make it again."""
+    return read_table(require(path, maker), f"restore it from git, or delete it and {HOW_TO_MAKE[maker]}", columns)
 
 
 def load_runs(results) -> pd.DataFrame:
@@ -53,11 +66,11 @@ def load_runs(results) -> pd.DataFrame:
 
 
 def load_probes(results) -> pd.DataFrame:
-    return pd.read_csv(require(Path(results) / "analysis" / "linear_probe.csv", "probes"))
+    return read_result(Path(results) / "analysis" / "linear_probe.csv", "probes", PROBE_COLUMNS)
 
 
 def load_mutual_info(results) -> pd.DataFrame:
-    return pd.read_csv(require(Path(results) / "analysis" / "mutual_information.csv", "mutual-info"))
+    return read_result(Path(results) / "analysis" / "mutual_information.csv", "mutual-info", MI_COLUMNS)
 
 
 def load_schedule_pairs(results) -> pd.DataFrame:
@@ -73,8 +86,8 @@ def load_schedule_pairs(results) -> pd.DataFrame:
 def load_schedule_analysis(results) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Probe and mutual-information rows of the configurations and seeds analysed after two schedule lengths."""
     folder = Path(results) / "analysis" / "schedule-check"
-    probes, mi = (plots.paired_schedules(plots.with_method(pd.read_csv(require(folder / name, "schedule-analysis"))))
-                  for name in ("linear_probe.csv", "mutual_information.csv"))
+    probes, mi = (plots.paired_schedules(plots.with_method(read_result(folder / name, "schedule-analysis", columns)))
+                  for name, columns in (("linear_probe.csv", PROBE_COLUMNS), ("mutual_information.csv", MI_COLUMNS)))
     if probes.empty or mi.empty:
         raise InfoProError(f"{folder} holds no configuration analysed after two schedule lengths: "
                            f"{HOW_TO_MAKE['schedule-analysis']}")
@@ -95,7 +108,7 @@ def load_bench(results) -> pd.DataFrame:
              if any(path.name.startswith(f"{arch}-b") for arch in ARCHS)]
     if not files:
         raise InfoProError(f"{Path(results) / 'bench'} holds no benchmark CSV: {HOW_TO_MAKE['bench']}")
-    tables = [pd.read_csv(path).assign(source_file=path.name) for path in files]
+    tables = [read_result(path, "bench", BENCH_COLUMNS).assign(source_file=path.name) for path in files]
     best = {}
     for table in tables:
         first = table.iloc[0]
@@ -123,7 +136,7 @@ def max_batch_path(results, bench: pd.DataFrame) -> Path:
 def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     """The max-batch search of the step table's architecture, precision and GPU, if it was run."""
     path = max_batch_path(results, bench)
-    return pd.read_csv(path) if path.is_file() else None
+    return read_result(path, "bench", ("method", "cap_gib")) if path.is_file() else None  # max_batch: blank on error
 
 
 def table3(results) -> tuple[pd.DataFrame, str]:
@@ -140,7 +153,8 @@ def runs_or_empty(results) -> pd.DataFrame:
 
 def load_reference(results, name: str) -> pd.DataFrame:
     """The paper's values (results/reference/<name>.csv), each row with its source."""
-    return pd.read_csv(Path(results) / "reference" / f"{name}.csv", keep_default_na=False, na_values=[""])
+    return read_table(Path(results) / "reference" / f"{name}.csv", "restore it from git (the paper's values, "
+                      "each with its source)", keep_default_na=False, na_values=[""])
 
 
 FIGURES = {

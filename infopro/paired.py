@@ -21,7 +21,7 @@ from scipy.stats import binomtest
 
 from infopro.analysis import analysis_provenance
 from infopro.data import subset_indices
-from infopro.records import write_csv
+from infopro.records import read_table, write_csv
 from infopro.runs import Run
 from infopro.train import predict
 
@@ -55,7 +55,8 @@ def used_images(size: int, test_subset: int | None) -> np.ndarray:
 
 def read_predictions(path) -> pd.DataFrame:
     """test_predictions.csv as written: `correct` stays text even where its hex has no letter."""
-    return pd.read_csv(path, dtype={"correct": str})
+    return read_table(path, "restore it from git, or delete it and make it again with `make test-predictions`",
+                      ("run_id", "correct"), dtype={"correct": str})
 
 
 def error(correct: np.ndarray) -> float:

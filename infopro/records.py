@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from infopro.errors import DataError
@@ -66,6 +67,27 @@ def write_csv(path, rows: list[dict]) -> None:
         writer.writeheader()
         writer.writerows({key: csv_cell(value) for key, value in row.items()} for row in rows)
     atomic_write(path, buffer.getvalue())
+
+
+def read_table(path, remedy: str, columns: tuple[str, ...] = (), **options) -> pd.DataFrame:
+    """A CSV this repository wrote, as a table (`options` go to pandas).
+
+    An empty, garbled or cut file, or one without the `columns` its reader needs, or with a
+    blank cell in one of them, is one line naming it and `remedy`: otherwise the reader would
+    fail deep inside a figure or an analysis, or draw a garbled row.
+    """
+    try:
+        table = pd.read_csv(path, **options)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise DataError(f"{path} is empty, garbled or cut short ({type(error).__name__}); {remedy}") from None
+    if missing := [column for column in columns if column not in table.columns]:
+        raise DataError(f"{path} lacks the column{'s' * (len(missing) > 1)} {', '.join(missing)}; {remedy}")
+    blank = table[list(columns)].isna()
+    if blank.any(axis=None):
+        column = blank.any().idxmax()
+        row = blank[column].idxmax()
+        raise DataError(f"{path} has a blank {column} in data row {row + 1}; {remedy}")
+    return table
 
 
 def csv_cell(value):

@@ -18,11 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from infopro.grid import get_grid, run_state
 from infopro.errors import InfoProError
-from infopro.records import REPO_ROOT, UNKNOWN
+from infopro.records import REPO_ROOT, UNKNOWN, read_table
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
@@ -51,7 +49,7 @@ def best_jobs(bench: Path) -> int:
     files = gpu_files(bench, f"grid-jobs-{GRID}-*.csv")
     if not files:
         return 1
-    table = pd.read_csv(files[-1])
+    table = read_table(files[-1], "delete it to measure again with `grid --measure-jobs`", ("jobs", "best"))
     return int(table.loc[table["best"], "jobs"].iloc[0])
 
 

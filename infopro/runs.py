@@ -8,7 +8,7 @@ import pandas as pd
 from infopro.data import Dataset, load_dataset
 from infopro.errors import DataError, InfoProError
 from infopro.local import LocalNet
-from infopro.records import load_torch, read_json
+from infopro.records import load_torch, read_json, read_table
 from infopro.train import TrainConfig, build_net
 
 
@@ -90,7 +90,7 @@ def recipe_label(record: dict) -> str:
 
 def last_epoch_images_per_second(run) -> float:
     """Training images/s of a run directory's last epoch (finished or not): its steady speed."""
-    metrics = pd.read_csv(Path(run) / "metrics.csv")
+    metrics = read_table(Path(run) / "metrics.csv", "train the run again", ("epoch_seconds",))
     images = read_json(Path(run) / "config.json")["dataset"]["train_size"]
     return images / metrics["epoch_seconds"].iloc[-1]
 

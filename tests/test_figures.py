@@ -141,6 +141,36 @@ def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
+def first_cell_blank(text: str) -> str:
+    header, first, rest = text.split("\n", 2)
+    return "\n".join([header, first[first.index(","):], rest])
+
+
+UNREADABLE = [  # (target, input, how it is damaged, what the one line says)
+    ("fig8", "analysis/linear_probe.csv", lambda text: "", "is empty, garbled or cut short (EmptyDataError)"),
+    ("fig10", "analysis/mutual_information.csv", lambda text: text.split(",", 1)[0] + "\n",
+     "lacks the columns regime, K, seed"),
+    ("table_paired", "analysis/test_predictions.csv", first_cell_blank, "has a blank run_id in data row 1"),
+    ("fig_schedule", "analysis/schedule-check/linear_probe.csv", first_cell_blank, "has a blank run_id in data row 1"),
+    ("table3", "bench/resnet110-b1024-fp32-nvidia-h100-80gb-hbm3.csv", lambda text: text + '"cut',
+     "is empty, garbled or cut short (ParserError)"),
+    ("table2", "reference/table2.csv", lambda text: "", "is empty"),
+]
+
+
+@pytest.mark.parametrize("target,name,damage,message", UNREADABLE, ids=[case[0] for case in UNREADABLE])
+def test_an_unreadable_input_is_one_line_naming_it(target, name, damage, message, results_copy):
+    path = results_copy / name
+    text = path.read_text()
+    path.write_text(damage(text))
+    try:
+        result = run_cli("analysis.build", target, "--results", str(results_copy))
+    finally:
+        path.write_text(text)
+    assert result.returncode == 2 and f"{path} {message}" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_schedule_check_pairs_each_longer_run_only_with_its_twin(tmp_path):
     """A twin has the same config and seed and fewer epochs; the table averages the pairs over seeds."""
     from infopro.train import TrainConfig, train

@@ -247,6 +247,17 @@ def test_an_analysis_setting_that_would_mean_nothing_stops_before_any_work(analy
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.csv").exists()
 
 
+@pytest.mark.parametrize("analysis", ["analysis.probe", "analysis.test_predictions"])
+def test_an_analysis_whose_csv_is_garbled_stops_in_one_line_and_keeps_the_file(analysis, tmp_path):
+    """It reads its CSV to skip finished networks: a garbled one was a pandas traceback."""
+    out = tmp_path / "out.csv"
+    out.write_text('run_id,layer\n"cut')
+    result = run_cli(analysis, "--runs", "results/runs", "--only", "e2e-K1-n10000-e12-b128-s0",
+                     "--data-root", str(tmp_path), "--out", str(out))
+    assert result.returncode == 2 and f"{out} is empty, garbled or cut short (ParserError)" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and out.read_text() == 'run_id,layer\n"cut'
+
+
 def test_a_reader_closing_the_pipe_early_gets_no_traceback():
     """`... | head -1`: the listing stops quietly when its reader has read enough."""
     script = "from infopro.cli import run; run(lambda: [print('run', i) for i in range(100000)])"
