@@ -45,13 +45,17 @@ def write_json(path, record) -> None:
     atomic_write(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
 
 
-def read_json(path) -> dict:
-    """A record this repository wrote; a file edited into invalid JSON is one line naming it."""
+def read_json(path, keys: tuple[str, ...] = ()) -> dict:
+    """A record this repository wrote; a file edited into invalid JSON, or without the `keys` its
+    reader needs, is one line naming it."""
+    remedy = "restore it from git or from the run that wrote it"
     try:
-        return json.loads(Path(path).read_text())
+        record = json.loads(Path(path).read_text())
     except json.JSONDecodeError as error:
-        raise DataError(f"{path} is not valid JSON ({error.msg}, line {error.lineno}); "
-                        "restore it from git or from the run that wrote it") from None
+        raise DataError(f"{path} is not valid JSON ({error.msg}, line {error.lineno}); {remedy}") from None
+    if missing := [key for key in keys if not isinstance(record, dict) or key not in record]:
+        raise DataError(f"{path} lacks {', '.join(missing)}; {remedy}")
+    return record
 
 
 def write_csv(path, rows: list[dict]) -> None:

@@ -95,12 +95,17 @@ def last_epoch_images_per_second(run) -> float:
     return images / metrics["epoch_seconds"].iloc[-1]
 
 
+# What the analyses, figures and tables read of a finished run's config.json and summary.json.
+RECORD_KEYS = ("run_id", "config", "resolved", "dataset", "provenance")
+SUMMARY_KEYS = ("final_test_error", "epochs")
+
+
 def load_run(path) -> Run:
     """The finished run in directory `path`."""
     path = Path(path)
     if not (path / "config.json").is_file() or not (path / "summary.json").is_file():
         raise InfoProError(f"{path} is not a finished run directory (it needs config.json and summary.json)")
-    return Run(path, read_json(path / "config.json"), read_json(path / "summary.json"))
+    return Run(path, read_json(path / "config.json", RECORD_KEYS), read_json(path / "summary.json", SUMMARY_KEYS))
 
 
 def find_runs(root) -> list[Run]:

@@ -1,5 +1,6 @@
-"""Figures, tables and notebooks build from results/ alone; missing inputs get one line."""
+"""Figures, tables and notebooks build from results/ alone; missing or damaged inputs get one line."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -155,10 +156,14 @@ UNREADABLE = [  # (target, input, how it is damaged, what the one line says)
     ("table3", "bench/resnet110-b1024-fp32-nvidia-h100-80gb-hbm3.csv", lambda text: text + '"cut',
      "is empty, garbled or cut short (ParserError)"),
     ("table2", "reference/table2.csv", lambda text: "", "is empty"),
+    ("fig7", "runs/cifar10-jpeg-resnet32-e2e-K1-n10000-e12-b128-s0/summary.json",  # was a KeyError traceback
+     lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "final_test_error"}),
+     "lacks final_test_error"),
 ]
 
 
-@pytest.mark.parametrize("target,name,damage,message", UNREADABLE, ids=[case[0] for case in UNREADABLE])
+@pytest.mark.parametrize("target,name,damage,message", UNREADABLE,
+                         ids=[f"{case[0]}:{case[1].rsplit('/', 1)[-1]}" for case in UNREADABLE])
 def test_an_unreadable_input_is_one_line_naming_it(target, name, damage, message, results_copy):
     path = results_copy / name
     text = path.read_text()
