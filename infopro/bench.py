@@ -48,7 +48,8 @@ from infopro.records import REPO_ROOT, device_name, write_csv
 from infopro.splits import PAPER_LOSS_WEIGHTS, PAPER_SPLITS
 from infopro.train import TrainConfig, build_net, configure_backends, place, train_step
 
-FAMILIES = ("e2e", "checkpoint", "offload", "greedy", "infopro", "infopro-balanced", "infopro+checkpoint")
+WHOLE_NETWORK = ("e2e", "checkpoint", "offload")  # families that back-propagate end to end: no K
+FAMILIES = WHOLE_NETWORK + ("greedy", "infopro", "infopro-balanced", "infopro+checkpoint")
 LOCAL_KS = (2, 4, 8, 16)
 
 
@@ -65,7 +66,7 @@ class Method:
         if family not in FAMILIES:
             raise InfoProError(f"unknown method {text!r}; valid: e2e, checkpoint, offload, greedy:K, infopro:K, "
                                f"infopro-balanced:K, infopro+checkpoint:K")
-        local = family not in ("e2e", "checkpoint", "offload")
+        local = family not in WHOLE_NETWORK
         if local != bool(k) or (k and not k.isdigit()):
             raise InfoProError(f"method {text!r}: {'give K as ' + family + ':K' if local else family + ' takes no K'}")
         return cls(family, int(k) if k else 1)
@@ -80,7 +81,7 @@ class Method:
         It builds the paper's split, and for InfoPro the paper's λ1, λ2; K = 1 is e2e, which
         would otherwise be measured again under another name.
         """
-        if self.family in ("e2e", "checkpoint", "offload"):
+        if not self.local:
             return
         table = PAPER_SPLITS if self.family == "greedy" else PAPER_LOSS_WEIGHTS
         valid = sorted(table.get((arch, self.split), {}))
@@ -90,12 +91,15 @@ class Method:
                                f"valid K: {', '.join(map(str, valid)) or 'none'}")
 
     @property
+    def local(self) -> bool:
+        return self.family not in WHOLE_NETWORK
+
+    @property
     def label(self) -> str:
-        return f"{self.family}:{self.K}" if self.K > 1 or self.family not in ("e2e", "checkpoint", "offload") \
-            else self.family
+        return f"{self.family}:{self.K}" if self.local else self.family
 
     def config(self, arch: str, batch_size: int, precision: str) -> TrainConfig:
-        regime = {"greedy": "greedy", "e2e": "e2e", "checkpoint": "e2e", "offload": "e2e"}.get(self.family, "infopro")
+        regime = "greedy" if self.family == "greedy" else "infopro" if self.local else "e2e"
         return TrainConfig(arch=arch, regime=regime, K=self.K, split=self.split, dataset="synthetic",
                            batch_size=batch_size, precision=precision)
 
@@ -128,7 +132,7 @@ def checkpointed(layers, h: torch.Tensor) -> torch.Tensor:
 
 
 def default_methods(arch: str) -> list[str]:
-    methods = ["e2e", "checkpoint", "offload"]
+    methods = list(WHOLE_NETWORK)
     methods += [f"{family}:{K}" for family in ("greedy", "infopro") for K in LOCAL_KS]
     methods += [f"infopro-balanced:{K}" for K in sorted(PAPER_SPLITS.get((arch, "balanced"), {}))]
     methods += [f"infopro+checkpoint:{K}" for K in (2, 4)]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from infopro.bench import WHOLE_NETWORK
 from infopro.errors import InfoProError
 from infopro.paired import paired_comparisons
 from infopro.plots import METHODS, main_recipe, training_by_recipe, with_method
@@ -217,7 +218,7 @@ def run_of_method(method: str) -> tuple[str, int, str]:
     """The training run whose test error a benchmark method shares: (method key, K, split)."""
     family, _, k = method.partition(":")
     K = int(k) if k else 1
-    if family in ("e2e", "checkpoint", "offload"):
+    if family in WHOLE_NETWORK:
         return "e2e", 1, "paper"
     if family == "greedy":
         return "greedy", K, "paper"

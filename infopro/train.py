@@ -293,7 +293,7 @@ class RunDir:
     def checkpoint_to_resume(self, resume: bool) -> dict | None:
         config_file = self.path / "config.json"
         if not config_file.exists():
-            if self.path.exists() and any(self.path.iterdir()):
+            if any(self.path.iterdir()):  # `claim` made sure the folder exists
                 raise RunDirError(f"{self.path} exists and is not a run directory; choose another --out")
             write_json(config_file, self.record)
             return None
