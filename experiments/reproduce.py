@@ -44,7 +44,7 @@ def main(argv=None):
         return
     if args.time_budget is None:
         raise InfoProError("give --time-budget MIN (the minutes this GPU is yours), or --plan")
-    resolve_device("cuda")
+    resolve_device("cuda", remedy="these stages are GPU work (`--plan` lists them, done or to do)")
     check_code_is_named(git_state())
     began = time.time()
     failed = run_stages(plan, args.time_budget)

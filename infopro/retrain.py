@@ -102,7 +102,8 @@ def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, 
     a run with weights has them compared tensor by tensor instead.
     """
     run.load_whole_data(data_root)  # a different copy of the data fails now, not after training
-    device = resolve_device(device or run.record["provenance"]["device"])
+    device = resolve_device(device or run.record["provenance"]["device"],
+                            remedy=f"{run.run_id} was trained on one: replay it on a GPU, or with --device cpu")
     recorded = recorded_processors(run.record)
     replaying = processor_label({"device": device.type, **processor(device)})
     if recorded != {replaying}:

@@ -233,13 +233,15 @@ def evaluate(net: LocalNet, split: Split, precision: str = "fp32") -> float:
     return 100.0 * wrong.item() / len(split)
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, remedy: str = "use --device cpu or auto") -> torch.device:
+    """The torch device `name` (auto, cpu, cuda) names; `remedy` is what the refusal of a missing
+    CUDA device tells to do, since which options exist depends on the command."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name not in ("cpu", "cuda"):
         raise InfoProError(f"unknown device {name!r}; valid: auto, cpu, cuda")
     if name == "cuda" and not torch.cuda.is_available():
-        raise InfoProError("--device cuda but no CUDA device is available; use --device cpu or auto")
+        raise InfoProError(f"no CUDA device is available; {remedy}")
     return torch.device(name)
 
 

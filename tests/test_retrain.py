@@ -126,3 +126,15 @@ def test_cli_exit_codes(finished, tmp_path):
     for bad, message in ((tmp_path, "not a finished run directory"), (path, "summary.json is not valid JSON")):
         result = run_cli("experiments.retrain", str(bad), *work)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_gpu_run_without_a_gpu_says_how_to_replay_it(finished, tmp_path, monkeypatch):
+    path, _ = finished
+    record = json.loads((path / "config.json").read_text())
+    record["provenance"]["device"] = "cuda"
+    (path / "config.json").write_text(json.dumps(record))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run = load_run(path)
+    with pytest.raises(InfoProError, match=f"{run.run_id} was trained on one: replay it on a GPU, or with --device cpu"):
+        retrain(run, tmp_path / "work", log=quiet)
+    assert not (tmp_path / "work").exists()
