@@ -136,20 +136,39 @@ def run_as_torchrun_rank(job, device: torch.device) -> None:
     leave_group()
 
 
-def _spawned_rank(rank: int, world_size: int, init_method: str, device: torch.device, threads: int, job) -> None:
-    """Body of a spawned rank: one line and the error's exit code on a user error, never a traceback.
+def rank_failure(failure: mp.ProcessExitedException, message: Path) -> InfoProError:
+    """The job's error for the first rank that ended: its own message where it left one, else how it died
+    (killed, or an exit without a user error), with the rank's exit code."""
+    if message.exists():
+        error = InfoProError(f"rank {failure.error_index}: {message.read_text()}")
+    else:
+        how = f"was killed by {failure.signal_name}" if failure.signal_name else f"exited with code {failure.exit_code}"
+        error = InfoProError(f"rank {failure.error_index} {how}, so every rank was stopped; "
+                             f"finished epochs are kept (continue with --resume)")
+    error.exit_code = failure.exit_code if failure.exit_code and failure.exit_code > 0 else 1
+    return error
+
+
+def error_file(folder: Path, rank: int) -> Path:
+    """Where a spawned rank leaves the message of the user error that ended it, for the parent to report."""
+    return folder / f"rank-{rank}.error"
+
+
+def _spawned_rank(rank: int, world_size: int, folder: Path, device: torch.device, threads: int, job) -> None:
+    """Body of a spawned rank: on a user error, its message for the parent and the error's exit code,
+    never a traceback.
 
     It ends with os._exit, skipping interpreter shutdown, where gloo's threads can abort the
     process; on an error it leaves the group as it is, and the parent stops the other ranks.
     """
     torch.set_num_threads(threads)
-    me = init_rank(rank, world_size, rank, world_size, device, init_method)
+    me = init_rank(rank, world_size, rank, world_size, device, f"file://{folder / 'store'}")
     code = 0
     try:
         job(me)
         leave_group()
     except InfoProError as error:
-        print(f"error (rank {rank}): {error}", file=sys.stderr)
+        error_file(folder, rank).write_text(str(error))
         code = error.exit_code
     except KeyboardInterrupt:
         code = 130
@@ -159,23 +178,19 @@ def _spawned_rank(rank: int, world_size: int, init_method: str, device: torch.de
 
 
 def spawn_ranks(job, world_size: int, device: torch.device) -> None:
-    """Run `job(rank)` in `world_size` fresh processes; the first one to fail stops them all."""
+    """Run `job(rank)` in `world_size` fresh processes; the first one to fail stops them all, and the
+    job ends with one line: that rank's own message, or how it died."""
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # our one line says it
     # The ranks share this process's CPU threads instead of each starting one per core.
     threads = max(1, torch.get_num_threads() // world_size)
     with tempfile.TemporaryDirectory(prefix="infopro-ranks-") as folder:
-        store = f"file://{Path(folder) / 'store'}"
-        context = mp.start_processes(_spawned_rank, args=(world_size, store, device, threads, job),
+        context = mp.start_processes(_spawned_rank, args=(world_size, Path(folder), device, threads, job),
                                      nprocs=world_size, join=False, start_method="spawn")
         try:
             while not context.join():
                 pass
         except mp.ProcessExitedException as failure:
-            how = f"was killed by {failure.signal_name}" if failure.signal_name else f"exited with code {failure.exit_code}"
-            error = InfoProError(f"rank {failure.error_index} {how}, so every rank was stopped; "
-                                 f"finished epochs are kept (continue with --resume)")
-            error.exit_code = failure.exit_code if failure.exit_code and failure.exit_code > 0 else 1
-            raise error from None
+            raise rank_failure(failure, error_file(Path(folder), failure.error_index)) from None
         finally:
             for process in context.processes:
                 if process.is_alive():
