@@ -19,8 +19,8 @@ from pathlib import Path
 
 from infopro.bench import device_slug, write_measurement
 from infopro.cli import ArgumentParser, at_least, positive, run
-from infopro.data import DATASETS
-from infopro.grid import GRIDS, get_grid, measure_jobs, run_grid, run_state
+from infopro.data import DATASETS, dataset_source
+from infopro.grid import GRIDS, RunsFailed, get_grid, measure_jobs, run_grid, run_state
 from infopro.records import provenance
 from infopro.train import resolve_device
 
@@ -58,16 +58,22 @@ def main(argv=None):
     if args.measure_jobs:
         report_jobs(args, configs[0])
         return
+    if any(run_state(config, root) != "done" for config in configs):
+        dataset_source(configs[0].dataset, args.data_root)  # missing data: one line, not one failure per run
     budget = None if args.time_budget is None else 60 * args.time_budget
-    states = run_grid(configs, root, jobs=args.jobs, time_budget=budget, device=args.device,
-                      data_root=args.data_root)
-    done = sum(state == "done" for state in states.values())
-    print(f"{done} of {len(states)} runs done")
+    outcome = run_grid(configs, root, jobs=args.jobs, time_budget=budget, device=args.device,
+                       data_root=args.data_root)
+    done = sum(state == "done" for state in outcome.states.values())
+    print(f"{done} of {len(configs)} runs done" + ("" if done == len(configs) else "; run the command again to continue"))
+    if outcome.failed:
+        raise RunsFailed(f"{len(outcome.failed)} of {len(configs)} runs failed: {', '.join(outcome.failed)} "
+                           f"(the last line of each is above; their logs are in {root / 'logs'})")
 
 
 def report_jobs(args, config) -> None:
     """Measure which number of concurrent trainings gives the most images/s; write and print it."""
     device = resolve_device(args.device)
+    dataset_source(config.dataset, args.data_root)
     with tempfile.TemporaryDirectory(prefix="infopro-jobs-") as folder:
         rows = measure_jobs(config, args.measure_jobs, folder, device.type, args.data_root)
     context = {"grid": args.grid, "run_id": config.run_id(), "measured_epochs": 2} | provenance(device)

@@ -100,20 +100,24 @@ class Dataset:
     source: str
 
 
-def load_dataset(name: str, root: str | os.PathLike | None = None, download: bool = False) -> Dataset:
-    """Load a whole dataset on the CPU; `root` defaults to `data/` (cifar10) or `.data/` (jpeg)."""
+def dataset_source(name: str, root: str | os.PathLike | None = None, download: bool = False) -> Path | None:
+    """The folder or archive `name` is read from (None: generated); `root` defaults to `data/` (cifar10)
+    or `.data/` (jpeg). Cheap, so that a command starting many trainings can refuse missing data first."""
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
     if name == "synthetic":
+        return None
+    root = Path(root if root is not None else DEFAULT_ROOTS[name])
+    return find_cifar10(root, download) if name == "cifar10" else find_cifar10_jpeg(root)
+
+
+def load_dataset(name: str, root: str | os.PathLike | None = None, download: bool = False) -> Dataset:
+    """Load a whole dataset on the CPU (see `dataset_source` for where from)."""
+    source = dataset_source(name, root, download)
+    if source is None:
         train, test = synthetic_splits(*SYNTHETIC_SIZES)
         return Dataset(name, train, test, fingerprint(train, test), "generated")
-    root = Path(root if root is not None else DEFAULT_ROOTS[name])
-    if name == "cifar10":
-        source = find_cifar10(root, download)
-        train, test = read_cifar10(source)
-    else:
-        source = find_cifar10_jpeg(root)
-        train, test = read_cifar10_jpeg_cached(source)
+    train, test = read_cifar10(source) if name == "cifar10" else read_cifar10_jpeg_cached(source)
     return Dataset(name, train, test, fingerprint(train, test), str(source))
 
 

@@ -85,13 +85,18 @@ def run_state(config: TrainConfig, root: Path) -> str:
 
 
 def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float | None = None) -> list[str]:
-    """The `experiments.train` command line that runs (or resumes) `config` into `out`."""
+    """The `experiments.train` command line that runs (or resumes) `config` into `out`.
+
+    Paths are made absolute: the training runs in the repository root (where `experiments`
+    imports from), which need not be where this process was started.
+    """
     defaults = TrainConfig()
-    command = [sys.executable, "-m", "experiments.train", "--out", str(out), "--resume", "--device", device]
+    command = [sys.executable, "-m", "experiments.train", "--out", str(Path(out).resolve()), "--resume",
+               "--device", device]
     if minutes is not None:
         command += ["--time-budget", f"{minutes:.2f}"]
     if data_root is not None:
-        command += ["--data-root", str(data_root)]
+        command += ["--data-root", str(Path(data_root).resolve())]
     for name, value in config.__dict__.items():
         if value is None or (value == getattr(defaults, name) and name not in ("regime", "dataset")):
             continue
@@ -100,17 +105,36 @@ def train_command(config: TrainConfig, out: Path, device: str, data_root, minute
     return command
 
 
+class RunsFailed(InfoProError):
+    """Trainings of a grid that ended with an error (the others ran on)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class GridOutcome:
+    """What one call of `run_grid` leaves: each run's state ('done', 'partial (e/E epochs)', 'missing'),
+    the runs whose training failed (run id -> exit code and last log line) and the runs the time
+    budget left unstarted."""
+
+    states: dict[str, str]
+    failed: dict[str, str]
+    unstarted: list[str]
+
+
 def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budget: float | None = None,
-             device: str = "auto", data_root=None, log=print) -> dict[str, str]:
-    """Run every unfinished config, `jobs` at a time; returns run id -> final state.
+             device: str = "auto", data_root=None, log=print) -> GridOutcome:
+    """Run every unfinished config, `jobs` at a time.
 
     Each run's output goes to `root/logs/<run id>.log`. A run that fails is reported with
-    the last line of its log and does not stop the others.
+    the last line of its log and does not stop the others. A run is started only with more
+    than a minute of the budget left; those left over are named in the log.
     """
     deadline = None if time_budget is None else time.monotonic() + time_budget
     pending = [c for c in configs if run_state(c, root) != "done"]
     log(f"{len(configs) - len(pending)} of {len(configs)} runs done; {len(pending)} to run, {jobs} at a time")
     running: dict[subprocess.Popen, TrainConfig] = {}
+    failed = {}
     (root / "logs").mkdir(parents=True, exist_ok=True)
     try:
         while pending or running:
@@ -128,13 +152,17 @@ def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budg
             time.sleep(1)
             for process in [p for p in running if p.poll() is not None]:
                 config = running.pop(process)
-                state = run_state(config, root)
-                detail = "" if process.returncode == 0 else f" (exit {process.returncode}: {last_line(root, config)})"
-                log(f"{config.run_id()}: {state}{detail}")
+                detail = ""
+                if process.returncode != 0:
+                    failed[config.run_id()] = f"exit {process.returncode}: {last_line(root, config)}"
+                    detail = f" ({failed[config.run_id()]})"
+                log(f"{config.run_id()}: {run_state(config, root)}{detail}")
     finally:
         for process in running:
             process.terminate()
-    return {c.run_id(): run_state(c, root) for c in configs}
+    if pending:
+        log(f"the time budget left {len(pending)} runs unstarted (a run starts only with more than a minute left)")
+    return GridOutcome({c.run_id(): run_state(c, root) for c in configs}, failed, [c.run_id() for c in pending])
 
 
 def last_line(root: Path, config: TrainConfig) -> str:

@@ -54,10 +54,13 @@ def best_jobs(bench: Path) -> int:
 
 
 def stages(results: Path, data_root: str | None) -> list[Stage]:
-    """The GPU stages in the order they run; `results` is the repository's results/ folder."""
-    bench, runs = results / "bench", results / "runs"
+    """The GPU stages in the order they run; `results` is the repository's results/ folder.
+
+    The commands run in the repository root, so the paths they are given are absolute.
+    """
+    bench, runs = results.resolve() / "bench", results.resolve() / "runs"
     python = [sys.executable, "-m"]
-    data = ["--dataset", GRID_DATASET] + (["--data-root", str(data_root)] if data_root else [])
+    data = ["--dataset", GRID_DATASET] + (["--data-root", str(Path(data_root).resolve())] if data_root else [])
     grid = get_grid(GRID).configs(dataset=GRID_DATASET)
     return [
         Stage("table3", "every method's step time and memory, ResNet-110, batch 1024, fp32; our input "

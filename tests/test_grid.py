@@ -1,11 +1,12 @@
 """The grid runner: separate processes, finished runs skipped, partial ones resumed, budgets kept."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
 from conftest import run_cli
-from infopro.grid import measure_jobs, run_grid, run_state
+from infopro.grid import get_grid, measure_jobs, run_grid, run_state, train_command
 from infopro.train import TrainConfig, train
 
 TINY = dict(dataset="synthetic", train_subset=200, test_subset=100, epochs=2, batch_size=100, lr=0.05,
@@ -17,8 +18,8 @@ def test_a_grid_runs_its_runs_resumes_partial_ones_and_skips_finished_ones(tmp_p
     train(CONFIGS[1], tmp_path / CONFIGS[1].run_id(), device="cpu", stop_after_epoch=1, log=lambda line: None)
     assert [run_state(c, tmp_path) for c in CONFIGS] == ["missing", "partial (1/2 epochs)"]
     lines = []
-    states = run_grid(CONFIGS, tmp_path, jobs=2, device="cpu", log=lines.append)
-    assert list(states.values()) == ["done", "done"]
+    outcome = run_grid(CONFIGS, tmp_path, jobs=2, device="cpu", log=lines.append)
+    assert list(outcome.states.values()) == ["done", "done"] and outcome.failed == {} and outcome.unstarted == []
     resumed = json.loads((tmp_path / CONFIGS[1].run_id() / "config.json").read_text())
     assert len(resumed["resumed"]) == 1 and len(pd.read_csv(tmp_path / CONFIGS[1].run_id() / "metrics.csv")) == 2
     assert (tmp_path / "logs" / f"{CONFIGS[0].run_id()}.log").read_text().count("epoch ") >= 2
@@ -28,19 +29,52 @@ def test_a_grid_runs_its_runs_resumes_partial_ones_and_skips_finished_ones(tmp_p
     assert again == ["2 of 2 runs done; 0 to run, 2 at a time"]
 
 
-def test_a_budget_too_short_for_a_run_starts_nothing(tmp_path):
-    states = run_grid(CONFIGS, tmp_path, time_budget=30, device="cpu", log=lambda line: None)
-    assert list(states.values()) == ["missing", "missing"]
+def test_a_budget_too_short_for_a_run_starts_nothing_and_says_so(tmp_path):
+    lines = []
+    outcome = run_grid(CONFIGS, tmp_path, time_budget=30, device="cpu", log=lines.append)
+    assert list(outcome.states.values()) == ["missing", "missing"]
+    assert outcome.unstarted == [c.run_id() for c in CONFIGS] and outcome.failed == {}
+    assert lines[-1] == "the time budget left 2 runs unstarted (a run starts only with more than a minute left)"
     assert not any(path.name != "logs" for path in tmp_path.iterdir())
 
 
 def test_a_failing_run_is_reported_with_its_message_and_the_others_go_on(tmp_path):
     missing_data = TrainConfig(regime="e2e", **{**TINY, "dataset": "cifar10"})
     lines = []
-    states = run_grid([missing_data, CONFIGS[0]], tmp_path, jobs=1, device="cpu", data_root=tmp_path / "nothing",
-                      log=lines.append)
-    assert states == {missing_data.run_id(): "missing", CONFIGS[0].run_id(): "done"}
+    outcome = run_grid([missing_data, CONFIGS[0]], tmp_path, jobs=1, device="cpu", data_root=tmp_path / "nothing",
+                       log=lines.append)
+    assert outcome.states == {missing_data.run_id(): "missing", CONFIGS[0].run_id(): "done"}
+    assert list(outcome.failed) == [missing_data.run_id()] and outcome.failed[missing_data.run_id()].startswith(
+        "exit 2: error: CIFAR-10 not found")
     assert any("missing (exit 2: error:" in line and "CIFAR-10" in line for line in lines), lines
+
+
+def test_a_grid_started_elsewhere_trains_into_the_folders_it_was_given(tmp_path, monkeypatch):
+    """The trainings run in the repository root; relative paths must still mean the caller's folders."""
+    monkeypatch.chdir(tmp_path)
+    command = train_command(CONFIGS[0], Path("runs/x"), "cpu", "data")
+    assert command[command.index("--out") + 1] == str(tmp_path.resolve() / "runs" / "x")
+    assert command[command.index("--data-root") + 1] == str(tmp_path.resolve() / "data")
+    outcome = run_grid(CONFIGS[:1], Path("runs"), device="cpu", log=lambda line: None)
+    assert outcome.states == {CONFIGS[0].run_id(): "done"}
+    assert (tmp_path / "runs" / CONFIGS[0].run_id() / "summary.json").exists()
+
+
+def test_the_command_line_refuses_missing_data_before_any_run_and_fails_when_a_run_fails(tmp_path):
+    grid = ["experiments.grid", "cpu-fixture", "--only", "e2e", "--seeds", "0", "--device", "cpu"]
+    missing = run_cli(*grid, "--data-root", str(tmp_path / "nothing"), "--out", str(tmp_path / "a"))
+    assert missing.returncode == 2 and missing.stderr.startswith("error: cifar10-jpeg not found in")
+    assert len(missing.stderr.splitlines()) == 1 and not (tmp_path / "a").exists()
+
+    run_id = get_grid("cpu-fixture").configs([0], ["e2e"], dataset="synthetic")[0].run_id()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / run_id).write_text("not a run")  # its training refuses to start
+    failed = run_cli(*grid, "--dataset", "synthetic", "--out", str(tmp_path / "b"))
+    assert failed.returncode == 1, failed.stderr
+    assert f"{run_id}: missing (exit 2: error: {tmp_path / 'b' / run_id} is a file" in failed.stdout
+    assert failed.stdout.strip().endswith("0 of 1 runs done; run the command again to continue")
+    assert failed.stderr == (f"error: 1 of 1 runs failed: {run_id} (the last line of each is above; "
+                             f"their logs are in {tmp_path / 'b' / 'logs'})\n")
 
 
 def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):

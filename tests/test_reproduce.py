@@ -5,6 +5,7 @@ import os
 import sys
 import tarfile
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -50,7 +51,7 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
         bench / "grid-jobs-table2-resnet32-nvidia-h100.csv", index=False)
     command = plan["table2"].command(12.5)
     assert command[command.index("--jobs") + 1] == "2" and command[command.index("--time-budget") + 1] == "12.5"
-    assert command[command.index("--dataset") + 1] == "cifar10-jpeg" and ".data" in command
+    assert command[command.index("--dataset") + 1] == "cifar10-jpeg"
 
 
 def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
@@ -62,12 +63,17 @@ def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_every_stage_command_is_accepted_by_its_entry_point(tmp_path):
-    """A typo in a stage would cost a GPU lease: each command line must parse."""
-    for stage in stages(tmp_path, ".data"):
+def test_every_stage_command_is_accepted_by_its_entry_point_with_absolute_paths(tmp_path, monkeypatch):
+    """A typo in a stage would cost a GPU lease: each command line must parse. Stages run in the
+    repository root, so the caller's relative folders must reach them as absolute paths."""
+    monkeypatch.chdir(tmp_path)
+    for stage in stages(Path("results"), ".data"):
         command = stage.command(10.0)
         assert command[:2] == [sys.executable, "-m"]
         importlib.import_module(command[2]).parse_args(command[3:])
+        paths = [command[i + 1] for i, part in enumerate(command) if part in ("--out", "--bench-out", "--data-root")]
+        assert paths and all(path.startswith(str(tmp_path.resolve() / "results")) or
+                             path == str(tmp_path.resolve() / ".data") for path in paths), command
 
 
 def test_a_copy_without_history_names_its_code_as_announced_and_gpu_work_refuses_it_otherwise(tmp_path, monkeypatch):
