@@ -67,7 +67,7 @@ def main(argv=None):
     print(f"{done} of {len(configs)} runs done" + ("" if done == len(configs) else "; run the command again to continue"))
     if outcome.failed:
         raise RunsFailed(f"{len(outcome.failed)} of {len(configs)} runs failed: {', '.join(outcome.failed)} "
-                           f"(the last line of each is above; their logs are in {root / 'logs'})")
+                         f"(the last line of each is above; their logs are in {root / 'logs'})")
 
 
 def report_jobs(args, config) -> None:

@@ -3,9 +3,12 @@
 import argparse
 import math
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Callable
 
+from infopro.distributed import under_torchrun
 from infopro.errors import InfoProError
 
 
@@ -49,21 +52,58 @@ def positive(text: str) -> float:
     return value
 
 
+class Terminated(BaseException):
+    """SIGTERM (`kill`, `timeout`, a job scheduler) raised as an exception, as Ctrl-C raises
+    KeyboardInterrupt: `finally` blocks then run, so child trainings are stopped instead of left
+    running on their own, temporary files are removed and run locks released."""
+
+
+def raise_terminated(signum, frame):
+    """Raise Terminated once: a second SIGTERM while `finally` blocks stop children is ignored
+    (SIGKILL still ends the process)."""
+    ignore_terminate()
+    raise Terminated
+
+
+def ignore_terminate() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def call(command: list[str], **options) -> int:
+    """Run `command` to its end and return its exit code. If this process is interrupted or
+    terminated meanwhile, the child gets SIGTERM (not `subprocess.run`'s SIGKILL, which would leave
+    the child's own children running) and is waited for before the exception goes on."""
+    with subprocess.Popen(command, **options) as child:
+        try:
+            return child.wait()
+        except BaseException:
+            child.terminate()
+            child.wait()
+            raise
+
+
 def run(main: Callable[[], object]) -> None:
-    """Call `main`; turn user errors, file-system refusals and Ctrl-C into one line on stderr and a non-zero exit.
+    """Call `main`; turn user errors, file-system refusals, Ctrl-C and SIGTERM into one line on stderr
+    and a non-zero exit.
 
     A reader that closes the pipe early (`... --status | head`) ends the command quietly. An
     OSError is the file system saying no (a file where a folder must be, no permission, no
     space): its own message names the path, which is all the user needs.
     """
+    if not under_torchrun():  # torchrun stops its ranks itself, with SIGKILL after a grace period
+        signal.signal(signal.SIGTERM, raise_terminated)
     try:
         main()
     except InfoProError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
+        ignore_terminate()  # a parent stopping this process after Ctrl-C must not break the line below
         print("interrupted: work completed so far is kept", file=sys.stderr)
         sys.exit(130)
+    except Terminated:
+        print("terminated: work completed so far is kept", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     except BrokenPipeError:
         # Point stdout at /dev/null so that the interpreter's final flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

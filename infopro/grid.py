@@ -128,7 +128,7 @@ def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budg
 
     Each run's output goes to `root/logs/<run id>.log`. A run that fails is reported with
     the last line of its log and does not stop the others. A run is started only with more
-    than a minute of the budget left; those left over are named in the log.
+    than a minute of the budget left; how many that leaves unstarted is logged.
     """
     deadline = None if time_budget is None else time.monotonic() + time_budget
     pending = [c for c in configs if run_state(c, root) != "done"]
@@ -158,11 +158,20 @@ def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budg
                     detail = f" ({failed[config.run_id()]})"
                 log(f"{config.run_id()}: {run_state(config, root)}{detail}")
     finally:
-        for process in running:
-            process.terminate()
+        stop(running)
     if pending:
         log(f"the time budget left {len(pending)} runs unstarted (a run starts only with more than a minute left)")
     return GridOutcome({c.run_id(): run_state(c, root) for c in configs}, failed, [c.run_id() for c in pending])
+
+
+def stop(processes) -> None:
+    """Terminate the trainings still running and wait for them: a grid that is interrupted or
+    terminated must not leave them training alone, holding their runs' locks."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        process.wait()
 
 
 def last_line(root: Path, config: TrainConfig) -> str:
@@ -185,14 +194,17 @@ def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "
     for n in counts:
         runs = [Path(folder) / f"jobs{n}-run{i}" for i in range(n)]
         processes = []
-        for run in runs:
-            with open(run.with_suffix(".log"), "w") as log:
-                processes.append(subprocess.Popen(train_command(short, run, device, data_root), cwd=REPO_ROOT,
-                                                  stdout=log, stderr=subprocess.STDOUT))
-        for process, run in zip(processes, runs):
-            if process.wait():
-                lines = run.with_suffix(".log").read_text().strip().splitlines()
-                raise InfoProError(f"a measuring run failed: {lines[-1] if lines else 'no output'}")
+        try:
+            for run in runs:
+                with open(run.with_suffix(".log"), "w") as log:
+                    processes.append(subprocess.Popen(train_command(short, run, device, data_root), cwd=REPO_ROOT,
+                                                      stdout=log, stderr=subprocess.STDOUT))
+            for process, run in zip(processes, runs):
+                if process.wait():
+                    lines = run.with_suffix(".log").read_text().strip().splitlines()
+                    raise InfoProError(f"a measuring run failed: {lines[-1] if lines else 'no output'}")
+        finally:
+            stop(processes)
         speeds = [last_epoch_images_per_second(run) for run in runs]
         rows.append({"jobs": n, "images_per_second": sum(speeds), "images_per_second_per_run": sum(speeds) / n})
     best = max(rows, key=lambda row: row["images_per_second"])["jobs"]

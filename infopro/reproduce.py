@@ -10,7 +10,6 @@ of finished runs (probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as we
 (`make probes mutual-info figures tables`).
 """
 
-import subprocess
 import sys
 import tarfile
 import time
@@ -18,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from infopro.cli import call
 from infopro.grid import get_grid, run_state
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, UNKNOWN, read_table
@@ -120,7 +120,7 @@ def run_stages(plan: list[Stage], minutes: float, log=print) -> list[str]:
         else:
             log(f"[{stage.name}] {stage.description} ({left:.1f} min left)")
             began = time.monotonic()
-            ok = subprocess.run(stage.command(left), cwd=REPO_ROOT).returncode == 0
+            ok = call(stage.command(left), cwd=REPO_ROOT) == 0
             log(f"[{stage.name}] {'finished' if ok else 'failed; going on'} after "
                 f"{(time.monotonic() - began) / 60:.1f} min")
             if not ok:

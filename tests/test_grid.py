@@ -1,11 +1,16 @@
 """The grid runner: separate processes, finished runs skipped, partial ones resumed, budgets kept."""
 
+import fcntl
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from infopro.grid import get_grid, measure_jobs, run_grid, run_state, train_command
 from infopro.train import TrainConfig, train
 
@@ -101,3 +106,24 @@ def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
         for method in ("greedy", "infopro-contrast", "infopro-softmax")]
     refused = run_cli("experiments.grid", "cpu-fixture", "--only", "K3-", "--status", "--out", str(tmp_path))
     assert refused.returncode == 2 and refused.stderr.strip() == "error: no configuration of the grid matches K3-"
+
+
+def test_a_terminated_grid_stops_its_trainings_and_frees_their_runs(tmp_path):
+    """`kill` on a grid must not leave its trainings running alone, holding their runs' locks."""
+    config = get_grid("cpu-fixture").configs([0], ["e2e"], dataset="synthetic")[0]
+    grid = subprocess.Popen([sys.executable, "-m", "experiments.grid", "cpu-fixture", "--only", "e2e", "--seeds", "0",
+                             "--dataset", "synthetic", "--device", "cpu", "--out", str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / config.run_id()
+    began = time.monotonic()
+    while not (run / "config.json").exists() and time.monotonic() - began < 120:  # the training has its run
+        time.sleep(0.2)
+    grid.terminate()
+    _, err = grid.communicate(timeout=60)
+    assert grid.returncode == 143 and err == "terminated: work completed so far is kept\n"
+    assert (tmp_path / "logs" / f"{config.run_id()}.log").read_text().endswith("terminated: work completed so far is kept\n")
+    descriptor = os.open(run, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while a training still holds the run
+    finally:
+        os.close(descriptor)

@@ -267,6 +267,21 @@ def test_a_reader_closing_the_pipe_early_gets_no_traceback():
     assert result.stderr == "" and result.returncode == 1
 
 
+def test_a_terminated_command_stops_its_child_and_says_so(tmp_path):
+    """`kill` (SIGTERM) on a command running another stops that one too, as Ctrl-C does, with one line."""
+    stopped = tmp_path / "child-stopped"
+    child = (f"import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open({str(stopped)!r}, 'w').close(), "
+             f"sys.exit(0))); print('ready', flush=True); time.sleep(60)")
+    parent = f"import sys; from infopro.cli import call, run; run(lambda: call([sys.executable, '-c', {child!r}]))"
+    process = subprocess.Popen([sys.executable, "-c", parent], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    process.terminate()
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 143 and err == "terminated: work completed so far is kept\n"
+    assert stopped.exists()
+
+
 def test_only_source_changes_make_a_record_dirty(tmp_path):
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
