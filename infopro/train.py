@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from infopro.data import DATASETS, Split, augmented_batch, load_dataset, normalise, shuffled_batches, to_unit
-from infopro.errors import DivergedError, InfoProError, RunDirError
+from infopro.errors import DataError, DivergedError, InfoProError, RunDirError
 from infopro.local import (REGIMES, TASK_LOSSES, LocalModule, LocalNet, build_local_net, check_e2e_is_one_module,
                            run_layers)
 from infopro.memory import SavedActivations, cuda_peak
@@ -385,7 +385,17 @@ class OpenedRun:
 def load_splits(config: TrainConfig, device: torch.device, data_root=None, download: bool = False):
     """(dataset, train split, test split) of `config`, the splits on `device`."""
     dataset = load_dataset(config.dataset, data_root, download)
-    return dataset, dataset.train.subset(config.train_subset).to(device), dataset.test.subset(config.test_subset).to(device)
+    return dataset, *(subset_of(split, n, name, dataset.name).to(device) for split, n, name in
+                      ((dataset.train, config.train_subset, "train"), (dataset.test, config.test_subset, "test")))
+
+
+def subset_of(split: Split, n: int | None, name: str, dataset: str) -> Split:
+    """`split.subset(n)`, refusing an `n` beyond the split: the run would use every image while its
+    name and config say n (`-n60000` on CIFAR-10's 50,000)."""
+    if n is not None and n > len(split):
+        raise DataError(f"--{name}-subset {n} exceeds the {len(split):,} {name} images of {dataset}; "
+                        f"give at most {len(split)}, or leave it out to use them all")
+    return split.subset(n)
 
 
 def open_run(config: TrainConfig, out, data, device: torch.device, resume: bool = False,

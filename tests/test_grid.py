@@ -71,12 +71,13 @@ def test_the_command_line_refuses_missing_data_before_any_run_and_fails_when_a_r
     assert missing.returncode == 2 and missing.stderr.startswith("error: cifar10-jpeg not found in")
     assert len(missing.stderr.splitlines()) == 1 and not (tmp_path / "a").exists()
 
-    run_id = get_grid("cpu-fixture").configs([0], ["e2e"], dataset="synthetic")[0].run_id()
-    (tmp_path / "b").mkdir()
-    (tmp_path / "b" / run_id).write_text("not a run")  # its training refuses to start
-    failed = run_cli(*grid, "--dataset", "synthetic", "--out", str(tmp_path / "b"))
+    run_id = get_grid("cpu-fixture").configs([0], ["e2e"])[0].run_id()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cifar10-jpeg.tar.gz").write_bytes(b"not gzip")  # found, so each training fails on it
+    failed = run_cli(*grid, "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "b"))
     assert failed.returncode == 1, failed.stderr
-    assert f"{run_id}: missing (exit 2: error: {tmp_path / 'b' / run_id} is a file" in failed.stdout
+    assert f"{run_id}: missing (exit 2: error: corrupt archive {tmp_path / 'data' / 'cifar10-jpeg.tar.gz'}" \
+        in failed.stdout
     assert failed.stdout.strip().endswith("0 of 1 runs done; run the command again to continue")
     assert failed.stderr == (f"error: 1 of 1 runs failed: {run_id} (the last line of each is above; "
                              f"their logs are in {tmp_path / 'b' / 'logs'})\n")
@@ -110,10 +111,13 @@ def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
 
 def test_a_terminated_grid_stops_its_trainings_and_frees_their_runs(tmp_path):
     """`kill` on a grid must not leave its trainings running alone, holding their runs' locks."""
-    config = get_grid("cpu-fixture").configs([0], ["e2e"], dataset="synthetic")[0]
-    grid = subprocess.Popen([sys.executable, "-m", "experiments.grid", "cpu-fixture", "--only", "e2e", "--seeds", "0",
-                             "--dataset", "synthetic", "--device", "cpu", "--out", str(tmp_path)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    long = {**TINY, "epochs": 1000}
+    config = TrainConfig(regime="e2e", **long)
+    script = (f"from infopro.cli import run; from infopro.grid import run_grid; from infopro.train import TrainConfig; "
+              f"from pathlib import Path; run(lambda: run_grid([TrainConfig(regime='e2e', **{long!r})], "
+              f"Path({str(tmp_path)!r}), device='cpu'))")
+    grid = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     run = tmp_path / config.run_id()
     began = time.monotonic()
     while not (run / "config.json").exists() and time.monotonic() - began < 120:  # the training has its run

@@ -150,6 +150,9 @@ BAD_INPUTS = [
     (["--regime", "e2e", "--split", "balanced"], "--split: one module (end-to-end) has no module ends"),
     (["--regime", "greedy", "--K", "5", "--dataset", "cifar10", "--data-root", "/nonexistent"],
      "no paper split table for resnet32 with K=5"),  # the missing data was reported first
+    (["--regime", "e2e", "--train-subset", "5001"],  # trained on all 5,000 as "-n5001"
+     "--train-subset 5001 exceeds the 5,000 train images of synthetic; give at most 5000"),
+    (["--regime", "e2e", "--test-subset", "1001"], "--test-subset 1001 exceeds the 1,000 test images of synthetic"),
 ]
 
 
@@ -158,7 +161,7 @@ def test_bad_input_gets_one_line_and_non_zero_exit(args, message, tmp_path):
     if "--dataset" not in args:
         args = [*args, "--dataset", "synthetic"]
     tiny = ["--epochs", "1", "--train-subset", "64", "--test-subset", "64"]  # a case wrongly accepted fails fast
-    result = run_cli("experiments.train", *args, *tiny, "--out", str(tmp_path / "run"))
+    result = run_cli("experiments.train", *tiny, *args, "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
