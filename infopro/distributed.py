@@ -177,6 +177,17 @@ def _spawned_rank(rank: int, world_size: int, folder: Path, device: torch.device
     os._exit(code)
 
 
+def stop_ranks(processes) -> None:
+    """Terminate the ranks still running and wait for every one: the caller (a notebook, the
+    throughput benchmark) may live on, and must not be left with a rank still holding the run
+    directory (rank 0 keeps its lock until it exits) or left unreaped."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join()
+
+
 def spawn_ranks(job, world_size: int, device: torch.device) -> None:
     """Run `job(rank)` in `world_size` fresh processes; the first one to fail stops them all, and the
     job ends with one line: that rank's own message, or how it died."""
@@ -192,6 +203,4 @@ def spawn_ranks(job, world_size: int, device: torch.device) -> None:
         except mp.ProcessExitedException as failure:
             raise rank_failure(failure, error_file(Path(folder), failure.error_index)) from None
         finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
+            stop_ranks(context.processes)

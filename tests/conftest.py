@@ -1,6 +1,8 @@
 """Shared fixtures: every test runs on CPU, offline, with a private dataset cache."""
 
+import fcntl
 import io
+import os
 import pickle
 import subprocess
 import sys
@@ -54,3 +56,12 @@ def run_cli(*args, cwd=REPO, timeout=300):
     """Run `python -m ...` from the repository root; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def assert_free(run: Path) -> None:
+    """Raises while a training still holds the run directory's lock (taken with flock)."""
+    descriptor = os.open(run, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(descriptor)

@@ -1,8 +1,6 @@
 """The grid runner: separate processes, finished runs skipped, partial ones resumed, budgets kept."""
 
-import fcntl
 import json
-import os
 import subprocess
 import sys
 import time
@@ -10,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from conftest import REPO, run_cli
+from conftest import REPO, assert_free, run_cli
 from infopro.grid import get_grid, measure_jobs, run_grid, run_state, train_command
 from infopro.train import TrainConfig, train
 
@@ -126,8 +124,4 @@ def test_a_terminated_grid_stops_its_trainings_and_frees_their_runs(tmp_path):
     _, err = grid.communicate(timeout=60)
     assert grid.returncode == 143 and err == "terminated: work completed so far is kept\n"
     assert (tmp_path / "logs" / f"{config.run_id()}.log").read_text().endswith("terminated: work completed so far is kept\n")
-    descriptor = os.open(run, os.O_RDONLY)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while a training still holds the run
-    finally:
-        os.close(descriptor)
+    assert_free(run)

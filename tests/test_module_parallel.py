@@ -3,13 +3,18 @@
 import json
 import os
 import signal
+import subprocess
+import sys
+import threading
+import time
 from functools import partial
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import REPO, assert_free, run_cli
 from experiments.train_pipeline import rank_job
 from infopro.errors import InfoProError
 from infopro.distributed import spawn_ranks
@@ -117,11 +122,58 @@ def test_a_killed_rank_stops_every_rank_and_says_how_it_died(tmp_path):
         spawn_ranks(partial(kill_rank_one, config=config, out=tmp_path / "run"), 2, torch.device("cpu"))
 
 
+def work_until_stopped(me, pids):
+    (pids / str(me.rank)).write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_an_interrupted_job_returns_only_once_every_rank_is_gone(tmp_path):
+    """Ctrl-C in a notebook or script driving `spawn_ranks`: the caller goes on living, so it must not
+    be left with ranks still running or unreaped."""
+    def interrupt_once_ranks_work():
+        while len(list(tmp_path.iterdir())) < 2:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_ranks_work, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        spawn_ranks(partial(work_until_stopped, pids=tmp_path), 2, torch.device("cpu"))
+    assert not [rank for rank in tmp_path.iterdir() if Path(f"/proc/{rank.read_text()}").exists()]
+
+
 def test_a_negative_staleness_is_refused_by_every_rank_instead_of_deadlocking(tmp_path):
     """With S < 0 no rank may ever start a batch; the library refuses it, not only the command line."""
     with pytest.raises(InfoProError, match=r"^rank \d: max_staleness must be 0 or more, got -1$"):
         pipeline(TrainConfig(regime="greedy", K=2, **SMALL), tmp_path / "run", max_staleness=-1)
     assert not (tmp_path / "run").exists()
+
+
+def ranks_of(pid: int) -> list[int]:
+    """The spawned ranks among a process's children (not multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children if b"multiprocessing.spawn" in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
+@pytest.mark.parametrize("stop,code,line", [
+    (lambda job: job.terminate(), 143, "terminated"),  # kill, timeout, a job scheduler
+    (lambda job: os.killpg(job.pid, signal.SIGINT), 130, "interrupted"),  # Ctrl-C reaches the whole group
+])
+def test_a_stopped_pipeline_ends_in_one_line_with_no_rank_left_holding_its_run(tmp_path, stop, code, line):
+    run = tmp_path / "run"
+    job = subprocess.Popen([sys.executable, "-m", "experiments.train_pipeline", "--regime", "greedy", "--K", "2",
+                            "--dataset", "synthetic", "--train-subset", "200", "--test-subset", "100", "--epochs", "1000",
+                            "--batch-size", "100", "--warmup-epochs", "0", "--device", "cpu", "--out", str(run)],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    began = time.monotonic()
+    while not (run / "metrics.csv").exists() and time.monotonic() - began < 120:  # the ranks are training
+        time.sleep(0.1)
+    ranks = ranks_of(job.pid)
+    assert len(ranks) == 2
+    stop(job)
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == code and err == f"{line}: work completed so far is kept\n"
+    assert not [rank for rank in ranks if Path(f"/proc/{rank}").exists()]  # no rank outlives the command
+    assert_free(run)
 
 
 def test_torchrun_runs_the_pipeline_and_refuses_a_wrong_world_size(tmp_path):
