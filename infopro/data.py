@@ -20,6 +20,7 @@ import pickle
 import tarfile
 import urllib.request
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,21 +283,33 @@ def read_cifar10_jpeg(source: Path) -> tuple[Split, Split]:
     return tuple(decode_images(files[split], f"{source}:{split}") for split in ("train", "test"))
 
 
+def check_complete(counts: Counter, where: str) -> None:
+    """Every CIFAR-10 class holds the same number of images in each split. A missing or short class
+    folder is a partial copy (an interrupted extraction or copy), whose runs must not be recorded
+    under the dataset's name."""
+    unknown = sorted(set(counts) - set(CLASSES))
+    if not counts or unknown:
+        raise DataError(f"{where}: expected class folders {', '.join(CLASSES)}; "
+                        f"found {'none' if not counts else ', '.join(unknown)}")
+    if len({counts[cls] for cls in CLASSES}) > 1:
+        raise DataError(f"{where}: an incomplete copy, its class folders hold unequal numbers of images "
+                        f"({', '.join(f'{cls} {counts[cls]:,}' for cls in CLASSES)}); extract or copy it again")
+
+
 def decode_images(files: dict, where: str) -> Split:
     """Decode {(class, name): bytes} into a Split, ordered by class then file name."""
     from PIL import Image, UnidentifiedImageError
 
-    unknown = sorted({cls for cls, _ in files} - set(CLASSES))
-    if not files or unknown:
-        raise DataError(f"{where}: expected class folders {', '.join(CLASSES)}; "
-                        f"found {'none' if not files else ', '.join(unknown)}")
+    check_complete(Counter(cls for cls, _ in files), where)
     keys = sorted(files, key=lambda key: (CLASSES.index(key[0]), key[1]))
     images = np.empty((len(keys), 32, 32, 3), dtype=np.uint8)
     for i, key in enumerate(keys):
         try:
             with Image.open(io.BytesIO(files[key])) as image:
                 pixels = np.asarray(image.convert("RGB"))
-        except (UnidentifiedImageError, OSError) as error:
+        except UnidentifiedImageError:
+            raise DataError(f"{where}/{key[0]}/{key[1]}: not a readable image (not an image format)") from None
+        except OSError as error:
             raise DataError(f"{where}/{key[0]}/{key[1]}: not a readable image ({error})") from None
         if pixels.shape != (32, 32, 3):
             raise DataError(f"{where}/{key[0]}/{key[1]}: expected 32x32 pixels, got {pixels.shape[:2]}")

@@ -86,6 +86,9 @@ def test_cifar10_jpeg_errors(tmp_path):
     files["cifar10-jpeg/train/airplane/0000.jpg"] = b"garbage"
     with pytest.raises(DataError, match="not a readable image"):
         data.load_dataset("cifar10-jpeg", write_targz(tmp_path / "x.tar.gz", files))
+    partial = {name: payload for name, payload in jpeg_tree_files().items() if "/test/cat/" not in name}
+    with pytest.raises(DataError, match=r"test: an incomplete copy, .*\(airplane 2, automobile 2, bird 2, cat 0, "):
+        data.load_dataset("cifar10-jpeg", write_targz(tmp_path / "partial.tar.gz", partial))
     truncated = write_targz(tmp_path / "y.tar.gz", jpeg_tree_files()).read_bytes()[:500]
     (tmp_path / "z.tar.gz").write_bytes(truncated)
     with pytest.raises(DataError, match="corrupt archive"):
