@@ -22,6 +22,12 @@ from infopro.errors import DataError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN = "unknown"  # a provenance field nobody could read
+TEMPORARY_SUFFIX = ".tmp"  # atomic_write's half-written files: a process killed (SIGKILL) mid-write leaves one
+
+
+def is_temporary(path: Path) -> bool:
+    """Whether `path` is one of atomic_write's temporaries, never a result."""
+    return path.name.startswith(".") and path.name.endswith(TEMPORARY_SUFFIX)
 
 
 def atomic_write(path: str | os.PathLike, payload: bytes | str) -> None:
@@ -29,7 +35,7 @@ def atomic_write(path: str | os.PathLike, payload: bytes | str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = payload.encode() if isinstance(payload, str) else payload
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)

@@ -20,7 +20,7 @@ from pathlib import Path
 from infopro.cli import call
 from infopro.grid import get_grid, run_state
 from infopro.errors import InfoProError
-from infopro.records import REPO_ROOT, UNKNOWN, read_table
+from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
@@ -133,8 +133,10 @@ TAR_BLOCK, TAR_RECORD = 512, 20 * 512
 
 def results_since(results: Path, since: float) -> list[Path]:
     """The files under `results` written at or after `since` (seconds since the epoch), in path
-    order: what one call made, the checkpoints of its unfinished runs included."""
-    return [path for path in sorted(results.rglob("*")) if path.is_file() and path.stat().st_mtime >= since]
+    order: what one call made, the checkpoints of its unfinished runs included, and not the
+    half-written temporaries of a training killed mid-write."""
+    return [path for path in sorted(results.rglob("*"))
+            if path.is_file() and not is_temporary(path) and path.stat().st_mtime >= since]
 
 
 def tar_bytes(sizes: list[int]) -> int:

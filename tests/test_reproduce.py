@@ -119,6 +119,7 @@ def test_pack_returns_exactly_what_the_call_wrote_in_parts_under_the_limit(tmp_p
            results / "runs" / "huge" / "checkpoint.pt": 90000}
     for path, size in new.items():
         write(path, size, began + 1)
+    write(results / "runs" / "a" / ".checkpoint.pt.k2j4x8.tmp", 100, began + 1)  # a write killed midway
     changed = results_since(results, began)
     assert set(changed) == set(new)
     parts = pack(changed, results.parent, out, max_bytes=64 * 1024)
