@@ -7,6 +7,7 @@ atomically after every run, and runs already analysed with the same settings are
 so an interrupted `make probes` loses nothing and a re-run only does what is missing.
 """
 
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +16,7 @@ import torch
 from infopro.errors import InfoProError
 from infopro.mi import EstimatorSettings, information_about_x, information_about_y
 from infopro.probes import DEFAULT_L2, check_l2, check_pool, extract_features, frozen, probe_layers
-from infopro.records import device_name, git_state, read_table, write_csv
+from infopro.records import device_name, git_state, read_table, update_csv
 from infopro.runs import Run
 from infopro.splits import num_layer_points
 
@@ -107,8 +108,7 @@ def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *
     `force` redoes them. New rows replace old ones for the same run, settings and layer.
     """
     csv_path = Path(csv_path)
-    table = read_table(csv_path, "restore it from git, or delete it to analyse every run again",
-                       ("run_id", "layer")) if csv_path.exists() else pd.DataFrame()
+    table = read_analysis(csv_path) if csv_path.exists() else pd.DataFrame()
     for run in runs:
         if not run.has_weights:
             log(f"{run.run_id}: no model.pt, skipped")
@@ -122,11 +122,21 @@ def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *
             continue
         log(f"{run.run_id}:")
         rows = pd.DataFrame(analyse(run, missing))
-        if not table.empty:
-            table = table[~(same & table["layer"].isin(missing))]
-        table = pd.concat([table, rows], ignore_index=True)
-        write_csv(csv_path, table.to_dict("records"))
+        table = update_csv(csv_path, read_analysis,
+                           partial(replace_rows, rows=rows, run_id=run.run_id, settings=settings))
     return table
+
+
+def read_analysis(path) -> pd.DataFrame:
+    return read_table(path, "restore it from git, or delete it to analyse every run again", ("run_id", "layer"))
+
+
+def replace_rows(table: pd.DataFrame, rows: pd.DataFrame, run_id: str, settings: dict) -> pd.DataFrame:
+    """`table` with `rows` in place of its rows for the same run, settings and layers."""
+    if table.empty:
+        return rows
+    same = matches(table, run_id, settings) & table["layer"].isin(rows["layer"])
+    return pd.concat([table[~same], rows], ignore_index=True)
 
 
 def matches(table: pd.DataFrame, run_id: str, settings: dict) -> pd.Series:

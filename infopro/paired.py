@@ -12,6 +12,7 @@ set by how often they disagree, not by how often they err.
 """
 
 import math
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from scipy.stats import binomtest
 
 from infopro.analysis import analysis_provenance
 from infopro.data import subset_indices
-from infopro.records import read_table, write_csv
+from infopro.records import read_table, update_csv
 from infopro.runs import Run
 from infopro.train import predict
 
@@ -86,20 +87,25 @@ def predict_runs(runs: list[Run], csv_path, device: torch.device, data_root=None
     """Add a row per run with weights not yet in the CSV (all of them with `force`), rewriting the
     CSV atomically after each, so an interrupted call loses nothing and a re-run does what is left."""
     csv_path = Path(csv_path)
-    rows = read_predictions(csv_path).to_dict("records") if csv_path.exists() else []
+    table = read_predictions(csv_path) if csv_path.exists() else pd.DataFrame(columns=["run_id"])
     for run in runs:
         if not run.has_weights:
             log(f"{run.run_id}: no model.pt, skipped")
-        elif run.run_id in {row["run_id"] for row in rows} and not force:
+        elif run.run_id in set(table["run_id"]) and not force:
             log(f"{run.run_id}: already scored")
         else:
             scored = prediction_row(run, device, data_root)
             log(f"{run.run_id}: {scored['own_test_error']:.2f}% on its {scored['test_images']:,} test images "
                 f"(recorded {scored['recorded_test_error']:.2f}%), {scored['held_out_test_error']:.2f}% on "
                 f"{scored['held_out_images']:,} held out")
-            rows = [row for row in rows if row["run_id"] != run.run_id] + [scored]
-            write_csv(csv_path, rows)
-    return pd.DataFrame(rows)
+            table = update_csv(csv_path, read_predictions, partial(replace_run, row=scored))
+    return table
+
+
+def replace_run(table: pd.DataFrame, row: dict) -> pd.DataFrame:
+    """`table` with `row` in place of its run's row."""
+    others = table[table["run_id"] != row["run_id"]] if "run_id" in table else table
+    return pd.concat([others, pd.DataFrame([row])], ignore_index=True)
 
 
 def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray) -> dict:

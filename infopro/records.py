@@ -5,6 +5,7 @@ software (torch, CUDA, cuDNN), the hardware and the numerics it came from.
 """
 
 import csv
+import fcntl
 import io
 import json
 import math
@@ -13,7 +14,9 @@ import pickle
 import platform
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 import torch
@@ -77,6 +80,35 @@ def write_csv(path, rows: list[dict]) -> None:
         writer.writeheader()
         writer.writerows({key: csv_cell(value) for key, value in row.items()} for row in rows)
     atomic_write(path, buffer.getvalue())
+
+
+@contextmanager
+def locked(folder: Path):
+    """Hold an exclusive lock on `folder` for the block; another process's block on it waits. The OS
+    drops the lock with the process, so a killed holder leaves nothing stale."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def update_csv(path, read: Callable[[Path], pd.DataFrame],
+               change: Callable[[pd.DataFrame], pd.DataFrame]) -> pd.DataFrame:
+    """Re-read the CSV at `path` (an empty table if there is none), `change` it and write it back
+    atomically, all under a lock on its folder; returns the table written.
+
+    Why: an analysis rewrites its whole CSV after each run. Two of them writing one CSV at once (a
+    `--only` selection in each of two terminals) would each write back the table it started from,
+    the last dropping the other's rows without a word; re-read under the lock, both are kept.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with locked(path.parent):
+        table = change(read(path) if path.exists() else pd.DataFrame())
+        write_csv(path, table.to_dict("records"))
+    return table
 
 
 def read_table(path, remedy: str, columns: tuple[str, ...] = (), **options) -> pd.DataFrame:

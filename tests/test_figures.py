@@ -353,6 +353,18 @@ def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path)
     assert calls == [[1, 2], list(range(3, 17))]
     assert sorted(pd.read_csv(csv)["layer"]) == list(range(1, 17))
     assert "nan" not in csv.read_text()  # a blank cell read back as NaN is written blank again
+
+    def another_analysis_writes_meanwhile(run, layers):
+        def other(run, layers):
+            return [row | {"setting": 2} for row in fake(run, layers)]
+        analyse_runs(runs, csv, other, lambda run: {"setting": 2}, [1], log=lambda line: None)
+        return fake(run, layers)
+
+    calls.clear()
+    analyse_runs(runs, csv, another_analysis_writes_meanwhile, settings, [5], force=True, log=lambda line: None)
+    written = pd.read_csv(csv)
+    assert sorted(written["setting"]) == [1] * 16 + [2]  # both analyses' rows: neither wrote over the other's
+    calls.clear()
     with pytest.raises(InfoProError, match=r"layer points must lie in 1\.\.16, got \[0, 17\]"):
         analyse_runs(runs, csv, fake, settings, [0, 16, 17], force=True, log=lambda line: None)
-    assert len(calls) == 2  # nothing analysed
+    assert not calls  # nothing analysed
