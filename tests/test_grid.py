@@ -93,7 +93,20 @@ def test_status_lists_every_run_of_the_grid(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 26 and all(line.startswith("missing") for line in lines)  # seed 1 given twice runs once
-    assert lines[0].endswith("-s1") and lines[-1].endswith("-s0")
+    assert lines[0].endswith("-s1") and lines[-5].endswith("-softmax-K16-s0")  # the seeds in the order given,
+    assert lines[-1].endswith("-softmax-K16-s1")  # then softmax past the grid's first seed
+
+
+def test_the_paper_grid_runs_softmax_past_seed_0_after_every_run_table2_needs():
+    """The issue asks three seeds of E2E, greedy SL and InfoPro (Contrast), and InfoPro (Softmax)
+    at least at seed 0: the rare GPU time goes to those 31 runs before the 8 that add seeds."""
+    runs = [config.run_id() for config in get_grid("table2-resnet32").configs()]
+    assert len(runs) == len(set(runs)) == 39
+    assert [run.split("-")[-1] for run in runs[:13]] == ["s0"] * 13
+    assert runs[12].endswith("-infopro-softmax-K16-s0")
+    assert not any("softmax" in run for run in runs[13:31])
+    assert runs[31:] == [f"cifar10-resnet32-infopro-softmax-K{K}-s{seed}" for seed in (1, 2) for K in (2, 4, 8, 16)]
+    assert [c.run_id() for c in get_grid("table2-resnet32").configs(seeds=[2])][-4:] == runs[-4:]
 
 
 def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
