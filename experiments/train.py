@@ -50,9 +50,11 @@ def add_training_arguments(p: ArgumentParser) -> None:
     p.add_argument("--split", help="'paper' (equal depth), 'balanced' (InfoPro*, resnet110 K=2-4) or layer "
                                    f"points '4,8,12' (default: {TrainConfig.split})")
     p.add_argument("--lambda1", type=pair, metavar="FIRST,LAST",
-                   help="reconstruction weight λ1 of the first and of the last local module (default: paper)")
+                   help="reconstruction weight λ1 of the first and of the last local module; one value sets both "
+                        "(default: paper)")
     p.add_argument("--lambda2", type=pair, metavar="FIRST,LAST",
-                   help="task-term weight λ2 of the first and of the last local module (default: paper)")
+                   help="task-term weight λ2 of the first and of the last local module; one value sets both "
+                        "(default: paper)")
     p.add_argument("--dataset", required=True, choices=DATASETS)
     p.add_argument("--data-root", help="folder or archive of the dataset (default: data/ or .data/)")
     p.add_argument("--download", action="store_true", help="fetch the original CIFAR-10 if missing")
