@@ -1,12 +1,17 @@
 """Shared fixtures: every test runs on CPU, offline, with a private dataset cache."""
 
 import fcntl
+import importlib.util
 import io
 import os
 import pickle
+import runpy
+import signal
 import subprocess
 import sys
 import tarfile
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +61,48 @@ def run_cli(*args, cwd=REPO, timeout=300):
     """Run `python -m ...` from the repository root; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def run_main(*args, cwd=REPO) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS...` run inside this process, with what run_cli returns: the module's
+    file runs under the name `__main__`, as `-m` runs it.
+
+    For commands that must refuse their input before any work: a fresh interpreter spends 1 to 5 s
+    importing torch, pandas and matplotlib, over a minute across the refusal tests. An exception
+    that escapes the command ends as the interpreter would end it, a traceback and exit 1, so a
+    case that lost its one-line message still fails. SIGTERM's handler, the working folder and
+    sys.argv are restored.
+    """
+    module, *options = args
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_argv, saved_cwd, saved_sigterm = sys.argv, os.getcwd(), signal.getsignal(signal.SIGTERM)
+    sys.argv = [module, *options]
+    os.chdir(cwd)
+    try:
+        with redirect_stdout(stdout), redirect_stderr(stderr):
+            returncode = exit_status(module)
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        signal.signal(signal.SIGTERM, saved_sigterm)
+    return subprocess.CompletedProcess(args, returncode, stdout.getvalue(), stderr.getvalue())
+
+
+def exit_status(module: str) -> int:
+    """Run `module` as `__main__` and return the exit status the interpreter would give."""
+    # By path: pytest's import hook claims modules named like tests (analysis.test_predictions), and
+    # runpy.run_module cannot run what that hook loads.
+    try:
+        runpy.run_path(importlib.util.find_spec(module).origin, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    except Exception:
+        traceback.print_exc(file=sys.stderr)
+        return 1
+    return 0
 
 
 def assert_free(run: Path) -> None:

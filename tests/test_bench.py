@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_cli, run_main
 import infopro.bench
 from infopro.bench import (Method, cuda_peak_bytes, default_methods, largest_fitting, measure, search_max_batches,
                            with_ratios)
@@ -136,6 +136,6 @@ def test_bench_refuses_bad_input_in_one_line(tmp_path):
                           (["--arch", "resnet32", "--methods", "infopro-balanced:2"],
                            "the paper gives resnet32 no balanced split with λ1, λ2 at K=2; valid K: none"),
                           (["--measure", "speed"], "invalid choice")):
-        result = run_cli("experiments.bench", *args, "--out", str(tmp_path))
+        result = run_main("experiments.bench", *args, "--out", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr

@@ -12,7 +12,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 from nbclient import NotebookClient
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, run_main
 from infopro.errors import InfoProError
 from infopro.figures import (TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
                              table3_bench)
@@ -137,7 +137,7 @@ def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
     for target, maker in (("fig8", "make probes"), ("fig10", "make mutual-info"), ("fig7", "experiments.grid"),
                           ("table_schedule", "grid cpu-schedule-check"), ("fig_schedule", "make schedule-analysis"),
                           ("table_paired", "make test-predictions"), ("table_e2e_gap", "make test-predictions")):
-        result = run_cli("analysis.build", target, "--results", str(tmp_path))
+        result = run_main("analysis.build", target, "--results", str(tmp_path))
         assert result.returncode == 2 and maker in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
@@ -169,7 +169,7 @@ def test_an_unreadable_input_is_one_line_naming_it(target, name, damage, message
     text = path.read_text()
     path.write_text(damage(text))
     try:
-        result = run_cli("analysis.build", target, "--results", str(results_copy))
+        result = run_main("analysis.build", target, "--results", str(results_copy))
     finally:
         path.write_text(text)
     assert result.returncode == 2 and f"{path} {message}" in result.stderr, result.stderr

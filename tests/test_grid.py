@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from conftest import REPO, assert_free, run_cli
+from conftest import REPO, assert_free, run_cli, run_main
 from infopro.grid import get_grid, measure_jobs, run_grid, run_state, train_command
 from infopro.train import TrainConfig, train
 
@@ -89,7 +89,7 @@ def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):
 
 
 def test_status_lists_every_run_of_the_grid(tmp_path):
-    done = run_cli("experiments.grid", "table2-resnet32", "--seeds", "1", "0", "1", "--status", "--out", str(tmp_path))
+    done = run_main("experiments.grid", "table2-resnet32", "--seeds", "1", "0", "1", "--status", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 26 and all(line.startswith("missing") for line in lines)  # seed 1 given twice runs once
@@ -110,13 +110,13 @@ def test_the_paper_grid_runs_softmax_past_seed_0_after_every_run_table2_needs():
 
 
 def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
-    chosen = run_cli("experiments.grid", "cpu-fixture", "--seeds", "2", "--only", "K2-", "--status",
+    chosen = run_main("experiments.grid", "cpu-fixture", "--seeds", "2", "--only", "K2-", "--status",
                      "--out", str(tmp_path))
     assert chosen.returncode == 0, chosen.stderr
     assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()] == [
         f"cifar10-jpeg-resnet32-{method}-K2-n10000-e12-b128-s2"
         for method in ("greedy", "infopro-contrast", "infopro-softmax")]
-    refused = run_cli("experiments.grid", "cpu-fixture", "--only", "K3-", "--status", "--out", str(tmp_path))
+    refused = run_main("experiments.grid", "cpu-fixture", "--only", "K3-", "--status", "--out", str(tmp_path))
     assert refused.returncode == 2 and refused.stderr.strip() == "error: no configuration of the grid matches K3-"
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_main
 from infopro import tables
 from infopro.data import Split
 from infopro.errors import InfoProError
@@ -135,5 +135,5 @@ def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_ima
 
 
 def test_an_unmatched_selection_gets_one_line_and_exit_2():
-    result = run_cli("analysis.test_predictions", "--runs", "results", "--only", "nothing")
+    result = run_main("analysis.test_predictions", "--runs", "results", "--only", "nothing")
     assert result.returncode == 2 and result.stderr.strip() == "error: no finished run matches nothing"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_main
 from infopro.errors import InfoProError
 from infopro.records import git_state
 from infopro.reproduce import Stage, best_jobs, check_code_is_named, pack, results_since, run_stages, stages
@@ -55,11 +55,11 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
 
 
 def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
-    result = run_cli("experiments.reproduce", "--plan", "--results", str(tmp_path))
+    result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
     assert result.returncode == 0 and len(result.stdout.splitlines()) == 5
     assert all(line.startswith("to do") for line in result.stdout.splitlines())
     for args, message in (([], "--time-budget"), (["--time-budget", "5"], "no CUDA device")):
-        result = run_cli("experiments.reproduce", *args, "--results", str(tmp_path))
+        result = run_main("experiments.reproduce", *args, "--results", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
@@ -136,5 +136,5 @@ def test_pack_returns_exactly_what_the_call_wrote_in_parts_under_the_limit(tmp_p
 
 
 def test_cli_refuses_a_part_size_that_is_not_positive(tmp_path):
-    result = run_cli("experiments.reproduce", "--time-budget", "5", "--pack-to", str(tmp_path), "--pack-mib", "0")
+    result = run_main("experiments.reproduce", "--time-budget", "5", "--pack-to", str(tmp_path), "--pack-mib", "0")
     assert result.returncode == 2 and "--pack-mib" in result.stderr and "Traceback" not in result.stderr

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import infopro.train
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, run_main
 from infopro.errors import DataError, DivergedError, RunDirError
 from infopro.records import git_state
 from infopro.runs import find_runs
@@ -161,7 +161,7 @@ def test_bad_input_gets_one_line_and_non_zero_exit(args, message, tmp_path):
     if "--dataset" not in args:
         args = [*args, "--dataset", "synthetic"]
     tiny = ["--epochs", "1", "--train-subset", "64", "--test-subset", "64"]  # a case wrongly accepted fails fast
-    result = run_cli("experiments.train", *tiny, *args, "--out", str(tmp_path / "run"))
+    result = run_main("experiments.train", *tiny, *args, "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -193,7 +193,7 @@ BAD_NUMBERS = [  # (entry point, options, message); OUT stands for the folder th
 @pytest.mark.parametrize("entry_point,args,message", BAD_NUMBERS)
 def test_a_number_outside_its_range_is_refused_before_any_work(entry_point, args, message, tmp_path):
     out = tmp_path / "out"
-    result = run_cli(entry_point, *[str(out) if arg == "OUT" else arg for arg in args], timeout=60)
+    result = run_main(entry_point, *[str(out) if arg == "OUT" else arg for arg in args])
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
 
@@ -206,7 +206,7 @@ def test_a_number_outside_its_range_is_refused_before_any_work(entry_point, args
 def test_a_file_where_the_output_folder_must_be_is_one_line(entry_point, args, message, tmp_path):
     file = tmp_path / "file"
     file.write_text("kept")
-    result = run_cli(entry_point, *args, "--out", str(file), timeout=60)
+    result = run_main(entry_point, *args, "--out", str(file))
     assert result.returncode != 0 and message.replace("FILE", str(file)) in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and file.read_text() == "kept"
 
@@ -227,9 +227,9 @@ def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
 def test_an_analysis_of_no_runs_is_an_error_not_an_empty_result(analysis, tmp_path):
     """A mistyped --runs used to analyse nothing and exit 0; the CSV must not be written either."""
     out = tmp_path / "out.csv"
-    missing = run_cli(analysis, "--runs", str(tmp_path / "typo"), "--out", str(out))
+    missing = run_main(analysis, "--runs", str(tmp_path / "typo"), "--out", str(out))
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: {tmp_path / 'typo'}: no such folder of runs"
-    empty = run_cli(analysis, "--runs", str(tmp_path), "--out", str(out))
+    empty = run_main(analysis, "--runs", str(tmp_path), "--out", str(out))
     assert empty.returncode == 2 and empty.stderr.strip() == f"error: no finished run under {tmp_path}"
     assert not out.exists()
 
@@ -244,7 +244,7 @@ def test_an_analysis_of_no_runs_is_an_error_not_an_empty_result(analysis, tmp_pa
 ])
 def test_an_analysis_setting_that_would_mean_nothing_stops_before_any_work(analysis, option, message, tmp_path):
     """A negative L2 once fitted a probe anyway (90% error at layer 1, exit 0)."""
-    result = run_cli(analysis, "--runs", "results/runs", "--only", "e2e-K1-n10000-e12-b128-s0", *option,
+    result = run_main(analysis, "--runs", "results/runs", "--only", "e2e-K1-n10000-e12-b128-s0", *option,
                      "--data-root", str(tmp_path), "--out", str(tmp_path / "out.csv"))
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.csv").exists()
@@ -255,7 +255,7 @@ def test_an_analysis_whose_csv_is_garbled_stops_in_one_line_and_keeps_the_file(a
     """It reads its CSV to skip finished networks: a garbled one was a pandas traceback."""
     out = tmp_path / "out.csv"
     out.write_text('run_id,layer\n"cut')
-    result = run_cli(analysis, "--runs", "results/runs", "--only", "e2e-K1-n10000-e12-b128-s0",
+    result = run_main(analysis, "--runs", "results/runs", "--only", "e2e-K1-n10000-e12-b128-s0",
                      "--data-root", str(tmp_path), "--out", str(out))
     assert result.returncode == 2 and f"{out} is empty, garbled or cut short (ParserError)" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and out.read_text() == 'run_id,layer\n"cut'
