@@ -65,10 +65,10 @@ def run_cli(*args, cwd=REPO, timeout=300):
 
 def run_main(*args, cwd=REPO) -> subprocess.CompletedProcess:
     """`python -m MODULE ARGS...` run inside this process, with what run_cli returns: the module's
-    file runs under the name `__main__`, as `-m` runs it.
+    file runs under the name `__main__`, its `if __name__ == "__main__"` block included.
 
     For commands that must refuse their input before any work: a fresh interpreter spends 1 to 5 s
-    importing torch, pandas and matplotlib, over a minute across the refusal tests. An exception
+    importing torch, pandas and matplotlib, over two minutes across the refusal tests. An exception
     that escapes the command ends as the interpreter would end it, a traceback and exit 1, so a
     case that lost its one-line message still fails. SIGTERM's handler, the working folder and
     sys.argv are restored.
