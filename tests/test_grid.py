@@ -111,7 +111,7 @@ def test_the_paper_grid_runs_softmax_past_seed_0_after_every_run_table2_needs():
 
 def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
     chosen = run_main("experiments.grid", "cpu-fixture", "--seeds", "2", "--only", "K2-", "--status",
-                     "--out", str(tmp_path))
+                      "--out", str(tmp_path))
     assert chosen.returncode == 0, chosen.stderr
     assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()] == [
         f"cifar10-jpeg-resnet32-{method}-K2-n10000-e12-b128-s2"

@@ -245,7 +245,7 @@ def test_an_analysis_of_no_runs_is_an_error_not_an_empty_result(analysis, tmp_pa
 def test_an_analysis_setting_that_would_mean_nothing_stops_before_any_work(analysis, option, message, tmp_path):
     """A negative L2 once fitted a probe anyway (90% error at layer 1, exit 0)."""
     result = run_main(analysis, "--runs", "results/runs", "--only", "e2e-K1-n10000-e12-b128-s0", *option,
-                     "--data-root", str(tmp_path), "--out", str(tmp_path / "out.csv"))
+                      "--data-root", str(tmp_path), "--out", str(tmp_path / "out.csv"))
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.csv").exists()
 
@@ -256,7 +256,7 @@ def test_an_analysis_whose_csv_is_garbled_stops_in_one_line_and_keeps_the_file(a
     out = tmp_path / "out.csv"
     out.write_text('run_id,layer\n"cut')
     result = run_main(analysis, "--runs", "results/runs", "--only", "e2e-K1-n10000-e12-b128-s0",
-                     "--data-root", str(tmp_path), "--out", str(out))
+                      "--data-root", str(tmp_path), "--out", str(out))
     assert result.returncode == 2 and f"{out} is empty, garbled or cut short (ParserError)" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and out.read_text() == 'run_id,layer\n"cut'
 
