@@ -269,7 +269,7 @@ def test_schedule_analysis_draws_only_seeds_analysed_after_both_lengths(tmp_path
     for folder, epochs, seed in (("runs/s0", 1, 0), ("runs/s1", 1, 1), ("schedule-check/s0", 2, 0)):
         train(TrainConfig(**tiny, epochs=epochs, seed=seed), results / folder, device="cpu", log=lambda line: None)
     made = subprocess.run(["make", "schedule-analysis", "fig_schedule", f"RESULTS={results}", "SCHEDULE_RUNS=synthetic",
-                           "PROBE_ARGS=--layers 1,8,16", "SCHEDULE_MI_ARGS=--layers 1,8,16 --epochs 1"],
+                           "PROBE_ARGS=--layers 1,8,16", "MI_ARGS=--layers 1,8,16 --epochs 1"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert made.returncode == 0, made.stdout + made.stderr
     analysed = pd.read_csv(results / "analysis" / "schedule-check" / "mutual_information.csv")
