@@ -33,7 +33,7 @@ mutual-info:
 
 # Every network with committed weights (fixture and schedule check) scored image by image on its whole test split,
 # for table_paired and table_e2e_gap: the test images a run never used give a fresh test of InfoPro against greedy SL
-# and of each method against E2E.
+# and of each method against E2E. A run on the whole split without weights enters with its training's record.
 test-predictions:
 	$(PYTHON) -m analysis.test_predictions --runs $(RESULTS) --out $(RESULTS)/analysis/test_predictions.csv $(DATA)
 

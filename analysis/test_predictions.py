@@ -7,6 +7,8 @@ Writes one row per run to results/analysis/test_predictions.csv: the error on th
 recorded error was measured on (which must reproduce it), the error on the test images it
 never used (8,000 for a run on a 2,000-image test subset), and right/wrong per image, from
 which `make table_paired` compares InfoPro with greedy SL image by image (infopro/paired.py).
+A run without model.pt that was scored on its whole test split (the other seeds of the GPU
+grid) enters with the right/wrong per image its training recorded in summary.json.
 Measured cost on 2 CPU cores: about 30 s per ResNet-32 on 10,000 test images.
 """
 

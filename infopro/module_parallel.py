@@ -45,8 +45,9 @@ from infopro.local import InfoProObjective, LocalNet, run_layers
 from infopro.records import read_json
 from infopro.runs import last_epoch_images_per_second
 from infopro.train import (EpochBudget, TrainConfig, autocast, build_net, check_finite, configure_backends,
-                           epoch_generator, epoch_line, epoch_row, evaluate, learning_rate, load_splits, module_step, open_run,
-                           place, prepare_input, set_learning_rate, sgd, summarise, train)
+                           correct_per_image, epoch_generator, epoch_line, epoch_row, evaluate, learning_rate,
+                           load_splits, module_step, open_run, place, prepare_input, set_learning_rate, sgd, summarise,
+                           train)
 
 
 # ----- which parameters, buffers and inputs belong to which module
@@ -304,7 +305,8 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
     if decision == "stop":
         log(f"stopped after epoch {epoch}/{config.epochs}; continue with --resume")
         return None
-    summary = summarise(metrics, len(opened.train), {}, {}, opened.train.nbytes + opened.test.nbytes)
+    summary = summarise(metrics, len(opened.train), {}, {}, opened.train.nbytes + opened.test.nbytes,
+                        correct_per_image(net, opened.test, config.precision))
     summary["module_parallel"] = module_parallel_record(me, max_staleness) | pipeline_record(metrics, net.K)
     opened.run.finish(net.state_dict(), summary)
     return summary

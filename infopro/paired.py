@@ -22,7 +22,7 @@ from scipy.stats import binomtest
 
 from infopro.analysis import analysis_provenance
 from infopro.data import subset_indices
-from infopro.records import read_table, update_csv
+from infopro.records import decode_correct, encode_correct, read_table, update_csv
 from infopro.runs import Run
 from infopro.train import predict
 
@@ -34,15 +34,6 @@ def pairing_key(reference: str) -> list[str]:
     """What a run must share with its reference run: E2E has no modules (K = 1, no split), so
     each locally supervised run is set beside the E2E run of its data, recipe and seed."""
     return [key for key in PAIRING_KEY if key not in ("K", "split")] if reference == "e2e" else PAIRING_KEY
-
-
-def encode_correct(correct: np.ndarray) -> str:
-    """Right/wrong per image as hex, one bit per image (10,000 images: 2,500 characters)."""
-    return np.packbits(correct.astype(bool)).tobytes().hex()
-
-
-def decode_correct(text: str, n: int) -> np.ndarray:
-    return np.unpackbits(np.frombuffer(bytes.fromhex(text), dtype=np.uint8), count=n).astype(bool)
 
 
 def used_images(size: int, test_subset: int | None) -> np.ndarray:
@@ -78,28 +69,56 @@ def prediction_row(run: Run, device: torch.device, data_root=None) -> dict:
     return run.row() | {
         "test_split_images": len(test), "held_out_images": int((~used).sum()),
         "recorded_test_error": run.summary["final_test_error"], "own_test_error": error(correct[used]),
-        "held_out_test_error": error(correct[~used]), "correct": encode_correct(correct),
+        "held_out_test_error": error(correct[~used]), "correct": encode_correct(correct), "scored_from": "model.pt",
+    } | analysis_provenance(device)
+
+
+def has_recorded_predictions(run: Run) -> bool:
+    """Whether the run's training recorded right/wrong for every image of its dataset's test split."""
+    return "final_test_correct" in run.summary and not run.config.test_subset
+
+
+def recorded_row(run: Run, device: torch.device) -> dict:
+    """The row `prediction_row` would give, from the per-image results the run's training recorded.
+
+    Why: git keeps the weights of seed 0 only, so the other seeds of a grid could not be compared
+    image by image otherwise. The record is the final network scored where it was trained (a
+    GPU's TF32 convolutions may move an image or two that a CPU re-score would not); it covers
+    the run's own test images, so only runs on the whole split have one for every image.
+    """
+    correct = decode_correct(run.summary["final_test_correct"], run.record["dataset"]["test_size"])
+    return run.row() | {
+        "test_split_images": len(correct), "held_out_images": 0,
+        "recorded_test_error": run.summary["final_test_error"], "own_test_error": error(correct),
+        "held_out_test_error": math.nan, "correct": run.summary["final_test_correct"], "scored_from": "summary.json",
     } | analysis_provenance(device)
 
 
 def predict_runs(runs: list[Run], csv_path, device: torch.device, data_root=None, *, force: bool = False,
                  log=print) -> pd.DataFrame:
-    """Add a row per run with weights not yet in the CSV (all of them with `force`), rewriting the
-    CSV atomically after each, so an interrupted call loses nothing and a re-run does what is left."""
+    """Add a row per run not yet in the CSV (all of them with `force`): its network scored where it has
+    weights, else its training's per-image record where that covers the whole test split. The CSV is
+    rewritten atomically after each, so an interrupted call loses nothing and a re-run does what is left."""
     csv_path = Path(csv_path)
     table = read_predictions(csv_path) if csv_path.exists() else pd.DataFrame(columns=["run_id"])
     for run in runs:
-        if not run.has_weights:
+        if not run.has_weights and not has_recorded_predictions(run):
             log(f"{run.run_id}: no model.pt, skipped")
         elif run.run_id in set(table["run_id"]) and not force:
             log(f"{run.run_id}: already scored")
         else:
-            scored = prediction_row(run, device, data_root)
-            log(f"{run.run_id}: {scored['own_test_error']:.2f}% on its {scored['test_images']:,} test images "
-                f"(recorded {scored['recorded_test_error']:.2f}%), {scored['held_out_test_error']:.2f}% on "
-                f"{scored['held_out_images']:,} held out")
+            scored = prediction_row(run, device, data_root) if run.has_weights else recorded_row(run, device)
+            log(scored_line(scored))
             table = update_csv(csv_path, read_predictions, partial(replace_run, row=scored))
     return table
+
+
+def scored_line(row: dict) -> str:
+    own = f"{row['run_id']}: {row['own_test_error']:.2f}% on its {row['test_images']:,} test images"
+    if row["scored_from"] == "summary.json":
+        return own + ", as its training recorded them (no model.pt)"
+    return (own + f" (recorded {row['recorded_test_error']:.2f}%), {row['held_out_test_error']:.2f}% on "
+            f"{row['held_out_images']:,} held out")
 
 
 def replace_run(table: pd.DataFrame, row: dict) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -26,6 +27,15 @@ from infopro.errors import DataError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN = "unknown"  # a provenance field nobody could read
 TEMPORARY_SUFFIX = ".tmp"  # atomic_write's half-written files: a process killed (SIGKILL) mid-write leaves one
+
+
+def encode_correct(correct) -> str:
+    """Right/wrong per image as hex, one bit per image (10,000 images: 2,500 characters)."""
+    return np.packbits(np.asarray(correct, dtype=bool)).tobytes().hex()
+
+
+def decode_correct(text: str, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(bytes.fromhex(text), dtype=np.uint8), count=n).astype(bool)
 
 
 def is_temporary(path: Path) -> bool:

@@ -139,8 +139,10 @@ def finished_runs(root, only: list[str] | None = None) -> list[Run]:
 
 
 def runs_table(root) -> pd.DataFrame:
-    """One row per finished run: its description and its summary's numbers."""
-    rows = [run.row() | run.summary for run in find_runs(root)]
+    """One row per finished run: its description and its summary's numbers (the per-image
+    `final_test_correct` is left to infopro.paired)."""
+    rows = [run.row() | {key: value for key, value in run.summary.items() if key != "final_test_correct"}
+            for run in find_runs(root)]
     return pd.DataFrame(rows)
 
 

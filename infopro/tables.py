@@ -152,7 +152,22 @@ def paired_table(pairs: pd.DataFrame, predictions: pd.DataFrame, names: tuple[st
 
 def rescoring(predictions: pd.DataFrame) -> str:
     """How exactly the scored networks re-score their recorded errors, naming where the inexact
-    ones were trained (a GPU's TF32 convolutions can move an image or two that a CPU re-score sees)."""
+    ones were trained (a GPU's TF32 convolutions can move an image or two that a CPU re-score sees),
+    and how many come from their training's per-image record instead (no weights in git)."""
+    recorded = from_training_record(predictions)
+    return " ".join(filter(None, (rescored(predictions[~recorded]), taken_from_record(predictions[recorded]))))
+
+
+def from_training_record(predictions: pd.DataFrame) -> pd.Series:
+    """Rows taken from a run's summary.json rather than scored from its model.pt."""
+    if "scored_from" not in predictions:
+        return pd.Series(False, index=predictions.index)
+    return predictions["scored_from"] == "summary.json"
+
+
+def rescored(predictions: pd.DataFrame) -> str:
+    if predictions.empty:
+        return ""
     gap = (predictions["own_test_error"] - predictions["recorded_test_error"]).abs()
     inexact = predictions[gap >= 1e-9]
     if inexact.empty:
@@ -160,6 +175,13 @@ def rescoring(predictions: pd.DataFrame) -> str:
     return (f"{len(predictions) - len(inexact)} of the {len(predictions)} scored networks re-score their recorded "
             f"error exactly, the other {len(inexact)} (trained on {', '.join(sorted(inexact['run_device'].unique()))}) "
             f"to within {gap.max():.2f} points.")
+
+
+def taken_from_record(predictions: pd.DataFrame) -> str:
+    if predictions.empty:
+        return ""
+    return (f"{len(predictions)} more, whose weights git does not keep, are taken as their training recorded them "
+            f"(right or wrong per image, on {', '.join(sorted(predictions['run_device'].unique()))}).")
 
 
 def p_value(p: float) -> str:

@@ -32,7 +32,7 @@ from infopro.local import (REGIMES, TASK_LOSSES, LocalModule, LocalNet, build_lo
                            run_layers)
 from infopro.memory import SavedActivations, cuda_peak
 from infopro.models import ARCHS
-from infopro.records import load_torch, provenance, read_json, save_torch, write_csv, write_json
+from infopro.records import encode_correct, load_torch, provenance, read_json, save_torch, write_csv, write_json
 from infopro.splits import LossWeights, loss_weights, module_ends
 
 PRECISIONS = ("fp32", "bf16")
@@ -227,9 +227,14 @@ def predict(net: LocalNet, split: Split, precision: str = "fp32") -> torch.Tenso
     return torch.cat(classes)
 
 
+def correct_per_image(net: LocalNet, split: Split, precision: str = "fp32") -> torch.Tensor:
+    """Whether the network's head classifies each image of `split` rightly (un-augmented, BN in eval mode)."""
+    return predict(net, split, precision) == split.labels
+
+
 def evaluate(net: LocalNet, split: Split, precision: str = "fp32") -> float:
     """Test error (%) of the network's head on un-augmented images, BN in eval mode."""
-    wrong = (predict(net, split, precision) != split.labels).sum()
+    wrong = (~correct_per_image(net, split, precision)).sum()
     return 100.0 * wrong.item() / len(split)
 
 
@@ -596,7 +601,8 @@ def train_opened(config: TrainConfig, out, opened: OpenedRun, replicas: OneProce
 
     if not replicas.writer:
         return None
-    summary = summarise(metrics, n, measured, memory, opened.train.nbytes + opened.test.nbytes)
+    summary = summarise(metrics, n, measured, memory, opened.train.nbytes + opened.test.nbytes,
+                        correct_per_image(net, opened.test, config.precision))
     opened.run.finish(net.state_dict(), summary)
     return summary
 
@@ -608,8 +614,13 @@ def epoch_line(row: dict, epochs: int, images: int) -> str:
             f"{row['epoch_seconds']:.1f}s ({images / row['epoch_seconds']:.0f} img/s)")
 
 
-def summarise(metrics: list[dict], train_size: int, measured: dict, memory: dict, data_bytes: int) -> dict:
-    """summary.json: the headline is the final epoch's test error (never a best epoch)."""
+def summarise(metrics: list[dict], train_size: int, measured: dict, memory: dict, data_bytes: int,
+              final_correct: torch.Tensor) -> dict:
+    """summary.json: the headline is the final epoch's test error (never a best epoch).
+
+    `final_correct` (right or wrong per test image of the final network) is kept as well, so that
+    two runs can be compared image by image (infopro.paired) also where git keeps no weights.
+    """
     train_seconds = sum(row["epoch_seconds"] for row in metrics)
     return {
         "final_test_error": metrics[-1]["test_error"],
@@ -621,4 +632,5 @@ def summarise(metrics: list[dict], train_size: int, measured: dict, memory: dict
         "peak_cuda_allocated_bytes": memory.get("peak_cuda_allocated_bytes"),
         "peak_cuda_reserved_bytes": memory.get("peak_cuda_reserved_bytes"),
         "resident_dataset_bytes": data_bytes,
+        "final_test_correct": encode_correct(final_correct.cpu().numpy()),
     }

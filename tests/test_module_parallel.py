@@ -51,6 +51,8 @@ def assert_same_run(a, b):
     assert wa.keys() == wb.keys()
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
+    final = [json.loads((run / "summary.json").read_text())["final_test_correct"] for run in (a, b)]
+    assert final[0] == final[1]
 
 
 @pytest.mark.parametrize("regime,K,task,staleness,weights", [

@@ -11,8 +11,8 @@ from conftest import run_main
 from infopro import tables
 from infopro.data import Split
 from infopro.errors import InfoProError
-from infopro.paired import (decode_correct, encode_correct, paired_comparisons, paired_difference, predict_runs,
-                            read_predictions, used_images)
+from infopro.paired import paired_comparisons, paired_difference, predict_runs, read_predictions, used_images
+from infopro.records import decode_correct, encode_correct
 from infopro.runs import find_runs
 from infopro.train import TrainConfig, train
 
@@ -132,6 +132,32 @@ def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_ima
     table, caption = tables.paired(read_predictions(csv))
     assert table.iloc[0][["K", "epochs", "seed", "images"]].astype(str).tolist() == ["2", "1", "0", "936"]
     assert "re-scores its recorded error exactly" in caption
+
+
+def test_runs_without_weights_are_compared_from_what_their_training_recorded(tmp_path):
+    whole = {**TINY.__dict__, "test_subset": None}
+    train(TrainConfig(**whole), tmp_path / "runs" / "greedy", device="cpu", log=quiet)
+    train(TrainConfig(**{**whole, "regime": "infopro", "task_loss": "softmax"}), tmp_path / "runs" / "infopro",
+          device="cpu", log=quiet)
+    train(TrainConfig(**{**TINY.__dict__, "seed": 1}), tmp_path / "runs" / "subset", device="cpu", log=quiet)
+    scored = predict_runs(find_runs(tmp_path / "runs"), tmp_path / "scored.csv", torch.device("cpu"), log=quiet)
+    for run in ("greedy", "infopro", "subset"):
+        (tmp_path / "runs" / run / "model.pt").unlink()
+    lines = []
+    recorded = predict_runs(find_runs(tmp_path / "runs"), tmp_path / "recorded.csv", torch.device("cpu"),
+                            log=lines.append)
+
+    subset_run = scored.loc[scored["held_out_images"] > 0, "run_id"].item()  # its record covers 64 of 1,000 images
+    assert [line for line in lines if "skipped" in line] == [f"{subset_run}: no model.pt, skipped"]
+    assert list(recorded["scored_from"]) == ["summary.json"] * 2
+    assert list(recorded["own_test_error"]) == list(recorded["recorded_test_error"])
+    rescored = scored.set_index("run_id").loc[recorded["run_id"]]
+    assert list(recorded["correct"]) == list(rescored["correct"]) and set(rescored["scored_from"]) == {"model.pt"}
+    table, caption = tables.paired(read_predictions(tmp_path / "recorded.csv"))
+    assert table.iloc[0]["images"] == 1000 and "re-score" not in caption
+    assert "2 more, whose weights git does not keep, are taken as their training recorded them" in caption
+    rescored = read_predictions(tmp_path / "scored.csv")
+    assert table.equals(tables.paired(rescored[rescored["run_id"].isin(recorded["run_id"])])[0])
 
 
 def test_an_unmatched_selection_gets_one_line_and_exit_2():
