@@ -65,12 +65,7 @@ def prediction_row(run: Run, device: torch.device, data_root=None) -> dict:
     """
     test = run.load_whole_data(data_root).test.to(device)
     correct = (predict(run.load_net(device), test, run.config.precision) == test.labels).cpu().numpy()
-    used = used_images(len(test), run.config.test_subset)
-    return run.row() | {
-        "test_split_images": len(test), "held_out_images": int((~used).sum()),
-        "recorded_test_error": run.summary["final_test_error"], "own_test_error": error(correct[used]),
-        "held_out_test_error": error(correct[~used]), "correct": encode_correct(correct), "scored_from": "model.pt",
-    } | analysis_provenance(device)
+    return scored_row(run, correct, used_images(len(test), run.config.test_subset), "model.pt", device)
 
 
 def has_recorded_predictions(run: Run) -> bool:
@@ -87,10 +82,15 @@ def recorded_row(run: Run, device: torch.device) -> dict:
     the run's own test images, so only runs on the whole split have one for every image.
     """
     correct = decode_correct(run.summary["final_test_correct"], run.record["dataset"]["test_size"])
+    return scored_row(run, correct, np.ones(len(correct), dtype=bool), "summary.json", device)
+
+
+def scored_row(run: Run, correct: np.ndarray, used: np.ndarray, scored_from: str, device: torch.device) -> dict:
+    """test_predictions.csv's row of a run right or wrong on each test image (`used`: its own ones)."""
     return run.row() | {
-        "test_split_images": len(correct), "held_out_images": 0,
-        "recorded_test_error": run.summary["final_test_error"], "own_test_error": error(correct),
-        "held_out_test_error": math.nan, "correct": run.summary["final_test_correct"], "scored_from": "summary.json",
+        "test_split_images": len(correct), "held_out_images": int((~used).sum()),
+        "recorded_test_error": run.summary["final_test_error"], "own_test_error": error(correct[used]),
+        "held_out_test_error": error(correct[~used]), "correct": encode_correct(correct), "scored_from": scored_from,
     } | analysis_provenance(device)
 
 
