@@ -33,6 +33,8 @@ def parse_args(argv=None):
     p.add_argument("--dataset", default="synthetic", choices=DATASETS)
     p.add_argument("--data-root")
     p.add_argument("--train-subset", type=at_least(1), default=2048)
+    p.add_argument("--test-subset", type=at_least(1), default=1000,
+                   help="test images each epoch evaluates (not timed: only training epochs are)")
     p.add_argument("--batch-size", type=at_least(1), default=128)
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--out", default="results/bench")
@@ -43,7 +45,7 @@ def main(argv=None):
     args = parse_args(argv)
     device = resolve_device(args.device)
     configs = [TrainConfig(arch=args.arch, regime=args.regime, K=K, dataset=args.dataset,
-                           train_subset=args.train_subset, test_subset=1000, epochs=2,
+                           train_subset=args.train_subset, test_subset=args.test_subset, epochs=2,
                            batch_size=args.batch_size, warmup_epochs=1) for K in args.K]
     for config in configs:  # refuse a K without a split (or λs) before measuring the others
         config.resolved()

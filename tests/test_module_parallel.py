@@ -196,11 +196,11 @@ def test_ideal_speedup_is_paced_by_the_slowest_module():
 
 
 def test_throughput_benchmark_writes_both_trainers_and_the_model(tmp_path):
-    done = run_cli("experiments.bench_module_parallel", "--K", "2", "--staleness", "0", "--train-subset", "128",
-                   "--batch-size", "64", "--device", "cpu", "--out", str(tmp_path))
+    done = run_cli("experiments.bench_module_parallel", "--K", "2", "--staleness", "0", "--train-subset", "64",
+                   "--test-subset", "32", "--batch-size", "32", "--device", "cpu", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "K=2 synchronous: " in done.stdout and "K=2 module-parallel, max staleness 0: " in done.stdout
-    table = pd.read_csv(tmp_path / "module-parallel-resnet32-infopro-b64-cpu.csv")
+    table = pd.read_csv(tmp_path / "module-parallel-resnet32-infopro-b32-cpu.csv")
     assert list(table["trainer"]) == ["synchronous", "module-parallel"]
     assert (table["images_per_second"] > 0).all() and table["speedup"].iloc[0] == 1.0
     module_ms = [float(v) for v in table["module_ms"].iloc[0].split(";")]
