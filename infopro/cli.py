@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 from infopro.distributed import under_torchrun
@@ -59,14 +60,40 @@ class Terminated(BaseException):
 
 
 def raise_terminated(signum, frame):
-    """Raise Terminated once: a second SIGTERM while `finally` blocks stop children is ignored
-    (SIGKILL still ends the process)."""
-    ignore_terminate()
-    raise Terminated
+    """Raise Terminated, unless this process is already stopping (a Terminated or KeyboardInterrupt
+    is in flight): a second SIGTERM must not cut short the `finally` blocks that stop children.
+
+    The handler stays installed after it fires. Python prints and drops an exception raised where
+    it cannot propagate (a weakref callback, such as the one ending every import), so a SIGTERM
+    landing there is lost; the next one must raise again, and `stop_children` sends it.
+    """
+    if not isinstance(sys.exc_info()[1], (Terminated, KeyboardInterrupt)):
+        raise Terminated
 
 
 def ignore_terminate() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+RESEND_SECONDS = 5.0
+
+
+def stop_children(children, resend_seconds: float = RESEND_SECONDS) -> None:
+    """SIGTERM the children still running and wait for every one: a command stopped must not leave
+    them running alone (a grid's trainings would hold their runs' locks).
+
+    Any still running `resend_seconds` later is sent SIGTERM again: a child whose Terminated was
+    dropped (see `raise_terminated`) would otherwise train on while this process waited forever.
+    """
+    while running := [child for child in children if child.poll() is None]:
+        for child in running:
+            child.terminate()
+        deadline = time.monotonic() + resend_seconds
+        for child in running:
+            try:
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def call(command: list[str], **options) -> int:
@@ -77,8 +104,7 @@ def call(command: list[str], **options) -> int:
         try:
             return child.wait()
         except BaseException:
-            child.terminate()
-            child.wait()
+            stop_children([child])
             raise
 
 
@@ -102,6 +128,7 @@ def run(main: Callable[[], object]) -> None:
         print("interrupted: work completed so far is kept", file=sys.stderr)
         sys.exit(130)
     except Terminated:
+        ignore_terminate()  # as after Ctrl-C: the exit below is not to be cut short
         print("terminated: work completed so far is kept", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)
     except BrokenPipeError:

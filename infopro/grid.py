@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from infopro.cli import stop_children
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT
 from infopro.runs import last_epoch_images_per_second, select_by_run_id
@@ -169,20 +170,10 @@ def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budg
                     detail = f" ({failed[config.run_id()]})"
                 log(f"{config.run_id()}: {run_state(config, root)}{detail}")
     finally:
-        stop(running)
+        stop_children(list(running))
     if pending:
         log(f"the time budget left {len(pending)} runs unstarted (a run starts only with more than a minute left)")
     return GridOutcome({c.run_id(): run_state(c, root) for c in configs}, failed, [c.run_id() for c in pending])
-
-
-def stop(processes) -> None:
-    """Terminate the trainings still running and wait for them: a grid that is interrupted or
-    terminated must not leave them training alone, holding their runs' locks."""
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    for process in processes:
-        process.wait()
 
 
 def last_line(root: Path, config: TrainConfig) -> str:
@@ -215,7 +206,7 @@ def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "
                     lines = run.with_suffix(".log").read_text().strip().splitlines()
                     raise InfoProError(f"a measuring run failed: {lines[-1] if lines else 'no output'}")
         finally:
-            stop(processes)
+            stop_children(processes)
         speeds = [last_epoch_images_per_second(run) for run in runs]
         rows.append({"jobs": n, "images_per_second": sum(speeds), "images_per_second_per_run": sum(speeds) / n})
     best = max(rows, key=lambda row: row["images_per_second"])["jobs"]

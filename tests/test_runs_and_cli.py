@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 import infopro.train
 from conftest import REPO, run_cli, run_main
+from infopro.cli import stop_children
 from infopro.errors import DataError, DivergedError, RunDirError
 from infopro.records import git_state
 from infopro.runs import find_runs
@@ -283,6 +285,45 @@ def test_a_terminated_command_stops_its_child_and_says_so(tmp_path):
     _, err = process.communicate(timeout=30)
     assert process.returncode == 143 and err == "terminated: work completed so far is kept\n"
     assert stopped.exists()
+
+
+def test_a_sigterm_python_drops_leaves_the_command_stoppable_by_the_next():
+    """Python prints and drops an exception raised in a weakref callback (one ends every import);
+    a grid's training hit by its grid's SIGTERM there used to ignore every later one and train on."""
+    script = ("import os, signal, time, weakref; from infopro.cli import run\n"
+              "def main():\n"
+              "    class Token: pass\n"
+              "    token = Token()\n"
+              "    def land_here(_):\n"
+              "        os.kill(os.getpid(), signal.SIGTERM)\n"
+              "        for _ in range(1000): pass\n"
+              "    ref = weakref.ref(token, land_here)\n"
+              "    del token\n"
+              "    print('ready', flush=True)\n"
+              "    time.sleep(60)\n"
+              "run(main)\n")
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    process.terminate()
+    _, err = process.communicate(timeout=30)
+    assert "Exception ignored in" in err  # the first SIGTERM was dropped, as in the grid's training
+    assert process.returncode == 143 and err.endswith("terminated: work completed so far is kept\n")
+
+
+def test_stopping_children_sends_sigterm_again_to_one_that_dropped_it():
+    """A child that lost the first SIGTERM is sent another rather than waited for until it ends."""
+    child = ("import signal, sys, time\n"
+             "seen = []\n"
+             "def on_term(*_):\n"
+             "    seen.append(1)\n"
+             "    if len(seen) == 2: sys.exit(0)\n"
+             "signal.signal(signal.SIGTERM, on_term); print('ready', flush=True); time.sleep(60)\n")
+    process = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    began = time.monotonic()
+    stop_children([process], resend_seconds=0.5)
+    assert process.returncode == 0 and time.monotonic() - began < 30
 
 
 def test_only_source_changes_make_a_record_dirty(tmp_path):
