@@ -19,15 +19,17 @@ from infopro.runs import find_runs, runs_table, schedule_pairs
 # How to make each input, and what it cost when we made it (see README, "What each step costs").
 HOW_TO_MAKE = {
     "runs": "train them with `python -m experiments.grid table2-resnet32 --out results/runs` (the paper's "
-            "grid; GPU time not yet measured) or `make fixture` (the small CPU fixture: 3.3 h on 2 CPU cores)",
-    "probes": "make it with `make probes` (linear probes of every finished run: 25 s per fixture run on "
-              "2 CPU cores; GPU time not yet measured)",
-    "bench": "make it with `make bench` (every method in a fresh process; on 2 CPU cores a ResNet-110 "
-             "step at batch 1024 takes about 30 s, and the committed CPU run of 8 methods took 22 min; "
-             "GPU time not yet measured)",
+            "grid: on one H100, four runs at a time, 11 to 12 min per 160-epoch run of E2E or greedy SL and "
+            "12.5 min for InfoPro (Contrast) K=2, more as K grows) or `make fixture` (the small CPU fixture: "
+            "3.3 h on 2 CPU cores)",
+    "probes": "make it with `make probes` (linear probes of every finished run, on 2 CPU cores: 25 s per "
+              "fixture run, about 1.5 min per 160-epoch run of 50,000 images)",
+    "bench": "make it with `make bench` (every method in a fresh process: on one H100, all 16 methods and "
+             "the pipeline comparison took 5.7 min; on 2 CPU cores a ResNet-110 step at batch 1024 takes "
+             "about 30 s, and the committed CPU run of 8 methods took 22 min)",
     "mutual-info": "make it with `make mutual-info` (a decoder and a classifier per layer of every finished "
                    "run; the committed fixture's settings, MI_ARGS='--train-subset 2000 --test-subset 1000 --epochs 10', "
-                   "took about 4 min per run on 2 CPU cores; GPU time not yet measured)",
+                   "took about 4 min per run on 2 CPU cores)",
     "schedule-check": "make it with `python -m experiments.grid cpu-schedule-check --device cpu --out "
                       "results/schedule-check` (the fixture's E2E, greedy SL and InfoPro (Contrast, Softmax) at K=2, "
                       "4, 8 and 16, 36 epochs: per seed on 2 CPU cores, 1.3 h for K=2, 2 h for E2E and K=4, 2 h for "
