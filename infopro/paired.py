@@ -117,8 +117,10 @@ def scored_line(row: dict) -> str:
     own = f"{row['run_id']}: {row['own_test_error']:.2f}% on its {row['test_images']:,} test images"
     if row["scored_from"] == "summary.json":
         return own + ", as its training recorded them (no model.pt)"
-    return (own + f" (recorded {row['recorded_test_error']:.2f}%), {row['held_out_test_error']:.2f}% on "
-            f"{row['held_out_images']:,} held out")
+    own += f" (recorded {row['recorded_test_error']:.2f}%)"
+    if not row["held_out_images"]:
+        return own + ", none held out (the run tested on its whole split)"
+    return own + f", {row['held_out_test_error']:.2f}% on {row['held_out_images']:,} held out"
 
 
 def replace_run(table: pd.DataFrame, row: dict) -> pd.DataFrame:

@@ -140,7 +140,10 @@ def test_runs_without_weights_are_compared_from_what_their_training_recorded(tmp
     train(TrainConfig(**{**whole, "regime": "infopro", "task_loss": "softmax"}), tmp_path / "runs" / "infopro",
           device="cpu", log=quiet)
     train(TrainConfig(**{**TINY.__dict__, "seed": 1}), tmp_path / "runs" / "subset", device="cpu", log=quiet)
-    scored = predict_runs(find_runs(tmp_path / "runs"), tmp_path / "scored.csv", torch.device("cpu"), log=quiet)
+    lines = []
+    scored = predict_runs(find_runs(tmp_path / "runs"), tmp_path / "scored.csv", torch.device("cpu"),
+                          log=lines.append)
+    assert sum(line.endswith("none held out (the run tested on its whole split)") for line in lines) == 2
     for run in ("greedy", "infopro", "subset"):
         (tmp_path / "runs" / run / "model.pt").unlink()
     lines = []
