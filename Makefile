@@ -17,8 +17,10 @@ setup:
 test:
 	$(PYTHON) -m pytest
 
+# RECIPE (fig7, fig8, fig10): draw the recipe whose label contains it, e.g. RECIPE="160 epochs", as <target>-160-epochs.
+RECIPE ?=
 fig7 fig8 fig10 fig_memory fig_schedule table2 table3 table_schedule table_paired table_e2e_gap:
-	@$(PYTHON) -m analysis.build $@ --results $(RESULTS)
+	@$(PYTHON) -m analysis.build $@ --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)")
 
 figures: fig7 fig8 fig10 fig_memory fig_schedule
 

@@ -2,6 +2,7 @@
 
     python -m analysis.build fig8            # results/figures/fig8.png and .pdf
     python -m analysis.build fig7 fig10 table2
+    python -m analysis.build fig8 --recipe "160 epochs"   # results/figures/fig8-160-epochs.png
 
 fig7: test error vs K (Table 2's runs); fig8: linear separability per layer (linear_probe.csv);
 fig10: I(h,x) and I(h,y) per layer (mutual_information.csv); table2: ours vs the paper;
@@ -20,9 +21,12 @@ def main(argv=None):
     p = ArgumentParser(prog="python -m analysis.build", description=__doc__.split("\n\n")[0])
     p.add_argument("targets", nargs="+", choices=TARGETS)
     p.add_argument("--results", default="results", help="the results folder to read and write")
+    p.add_argument("--recipe", metavar="TEXT",
+                   help="fig7, fig8, fig10: show the recipe whose label contains TEXT (e.g. '160 epochs') instead "
+                        "of the one covering the most configurations, as <target>-<TEXT>.png")
     args = p.parse_args(argv)
     for target in args.targets:
-        for path in build(target, args.results):
+        for path in build(target, args.results, args.recipe):
             print(f"wrote {path}")
 
 

@@ -5,6 +5,8 @@ values); nothing here trains or estimates. A missing input stops with one line t
 the command making it and what that costs.
 """
 
+import re
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -159,13 +161,26 @@ def load_reference(results, name: str) -> pd.DataFrame:
                       "each with its source)", keep_default_na=False, na_values=[""])
 
 
+def recipe_rows(df: pd.DataFrame, text: str) -> pd.DataFrame:
+    """The rows of the one recipe whose label contains `text` (e.g. "160 epochs"), for a figure of a
+    recipe that does not yet cover the most configurations (the figures' default, plots.main_recipe)."""
+    recipes = sorted(recipe for recipe in df["recipe"].unique() if text in recipe)
+    if len(recipes) != 1:
+        found = "several recipes match" if recipes else "no recipe matches"
+        raise InfoProError(f"{found} --recipe {text!r}; the recipes in results are: "
+                           f"{'; '.join(sorted(df['recipe'].unique()))}")
+    return df[df["recipe"] == recipes[0]]
+
+
+# Each figure from the results folder and a selection of rows by recipe (identity: the default recipe).
 FIGURES = {
-    "fig7": lambda r: plots.fig7_error_vs_k(load_runs(r), load_reference(r, "table2")),
-    "fig8": lambda r: plots.fig8_linear_probes(load_probes(r), load_reference(r, "analysis_figure")),
-    "fig10": lambda r: plots.fig10_mutual_information(load_mutual_info(r)),
-    "fig_memory": lambda r: plots.fig_memory(load_bench(r), runs_or_empty(r)),
-    "fig_schedule": lambda r: plots.fig_schedule(*load_schedule_analysis(r)),
+    "fig7": lambda r, pick: plots.fig7_error_vs_k(pick(load_runs(r)), load_reference(r, "table2")),
+    "fig8": lambda r, pick: plots.fig8_linear_probes(pick(load_probes(r)), load_reference(r, "analysis_figure")),
+    "fig10": lambda r, pick: plots.fig10_mutual_information(pick(load_mutual_info(r))),
+    "fig_memory": lambda r, pick: plots.fig_memory(load_bench(r), runs_or_empty(r)),
+    "fig_schedule": lambda r, pick: plots.fig_schedule(*load_schedule_analysis(r)),
 }
+RECIPE_FIGURES = ("fig7", "fig8", "fig10")  # the figures that show one recipe of the runs
 TABLES = {
     "table2": lambda r: tables.table2(load_runs(r), load_reference(r, "table2")),
     "table3": table3,
@@ -176,11 +191,21 @@ TABLES = {
 TARGETS = (*FIGURES, *TABLES)
 
 
-def build(target: str, results="results") -> list[Path]:
-    """Build one figure (results/figures/<target>.png and .pdf) or table (results/tables/<target>.*)."""
+def build(target: str, results="results", recipe: str | None = None) -> list[Path]:
+    """Build one figure (results/figures/<target>.png and .pdf) or table (results/tables/<target>.*).
+
+    With `recipe`, a figure of RECIPE_FIGURES shows the runs of the recipe whose label contains
+    that text, as results/figures/<target>-<text, slugged>.*, beside the default figure.
+    """
     results = Path(results)
+    if recipe is not None and target not in RECIPE_FIGURES:
+        raise InfoProError(f"--recipe applies to {', '.join(RECIPE_FIGURES)}, not {target}")
+    if recipe is not None:
+        stem = f"{target}-{re.sub(r'[^a-z0-9]+', '-', recipe.lower()).strip('-')}"
+        return plots.save_figure(FIGURES[target](results, partial(recipe_rows, text=recipe)),
+                                 results / "figures" / stem)
     if target in FIGURES:
-        return plots.save_figure(FIGURES[target](results), results / "figures" / target)
+        return plots.save_figure(FIGURES[target](results, lambda df: df), results / "figures" / target)
     if target in TABLES:
         table, caption = TABLES[target](results)
         return tables.write_table(table, caption, results / "tables" / target)

@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 from conftest import REPO, run_cli, run_main
 from infopro.errors import InfoProError
 from infopro.figures import (TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
-                             table3_bench)
+                             recipe_rows, table3_bench)
 from infopro.plots import fig8_linear_probes, layer_table, main_recipe, with_method
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs
@@ -215,6 +215,22 @@ def test_figures_keep_the_fixture_until_a_longer_recipe_covers_as_many_configura
     whole_grid = recipe_runs(160, 50_000, [("e2e", 1), ("greedy", 2), ("infopro", 2)], [10.9, 14.3, 9.0])
     assert main_recipe(with_method(pd.concat([fixture, first_gpu_runs])))[1] == "10000 images, 12 epochs"
     assert main_recipe(with_method(pd.concat([fixture, whole_grid])))[1] == "50000 images, 160 epochs"
+
+
+def test_a_figure_of_a_named_recipe_draws_only_its_runs_beside_the_default_figure(results_copy):
+    fixture = recipe_runs(12, 10_000, [("e2e", 1), ("greedy", 2), ("infopro", 2)], [30.0, 33.0, 35.0])
+    first_gpu_runs = recipe_runs(160, 50_000, [("e2e", 1), ("greedy", 2)], [10.9, 14.3])
+    assert recipe_rows(pd.concat([fixture, first_gpu_runs]), "160 epochs").equals(first_gpu_runs)
+    for text, refusal in (("200 epochs", "no recipe matches"), ("epochs", "several recipes match")):
+        with pytest.raises(InfoProError, match=f"{refusal} --recipe '{text}'; the recipes in results are: 10000"):
+            recipe_rows(pd.concat([fixture, first_gpu_runs]), text)
+
+    recipe = sorted(pd.read_csv(results_copy / "analysis" / "linear_probe.csv")["recipe"].unique())[0]
+    paths = build("fig8", results_copy, recipe=recipe)
+    assert [path.name for path in paths] == [f"fig8-{re.sub('[^a-z0-9]+', '-', recipe.lower())}{suffix}"
+                                             for suffix in (".png", ".pdf")]
+    result = run_main("analysis.build", "table2", "--results", str(results_copy), "--recipe", "160 epochs")
+    assert result.returncode == 2 and result.stderr == "error: --recipe applies to fig7, fig8, fig10, not table2\n"
 
 
 def test_table2_shows_every_recipe_beside_the_paper():
