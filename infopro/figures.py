@@ -198,9 +198,9 @@ def build(target: str, results="results", recipe: str | None = None) -> list[Pat
     that text, as results/figures/<target>-<text, slugged>.*, beside the default figure.
     """
     results = Path(results)
-    if recipe is not None and target not in RECIPE_FIGURES:
-        raise InfoProError(f"--recipe applies to {', '.join(RECIPE_FIGURES)}, not {target}")
     if recipe is not None:
+        if target not in RECIPE_FIGURES:
+            raise InfoProError(f"--recipe applies to {', '.join(RECIPE_FIGURES)}, not {target}")
         stem = f"{target}-{re.sub(r'[^a-z0-9]+', '-', recipe.lower()).strip('-')}"
         return plots.save_figure(FIGURES[target](results, partial(recipe_rows, text=recipe)),
                                  results / "figures" / stem)
