@@ -19,12 +19,18 @@ test:
 
 # RECIPE (fig7, fig8, fig10): draw the recipe whose label contains it, e.g. RECIPE="160 epochs", as <target>-160-epochs.
 RECIPE ?=
-fig7 fig8 fig10 fig_memory fig_schedule table2 table3 table_schedule table_paired table_e2e_gap:
-	@$(PYTHON) -m analysis.build $@ --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)")
+FIGURES = fig7 fig8 fig10 fig_memory fig_schedule
+TABLES = table2 table3 table_schedule table_paired table_e2e_gap
+BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)")
+$(FIGURES) $(TABLES):
+	$(BUILD) $@
 
-figures: fig7 fig8 fig10 fig_memory fig_schedule
+# One process each: importing torch, pandas and matplotlib costs seconds per process.
+figures:
+	$(BUILD) $(FIGURES)
 
-tables: table2 table3 table_schedule table_paired table_e2e_gap
+tables:
+	$(BUILD) $(TABLES)
 
 # Analyses of every finished run in results/runs (skips runs already in the CSV).
 probes:

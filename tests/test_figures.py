@@ -14,7 +14,7 @@ from nbclient import NotebookClient
 
 from conftest import REPO, run_cli, run_main
 from infopro.errors import InfoProError
-from infopro.figures import (TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
+from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
                              recipe_rows, table3_bench)
 from infopro.plots import fig8_linear_probes, layer_table, main_recipe, with_method
 from infopro.records import read_json
@@ -61,6 +61,14 @@ def test_make_fig8_works_right_after_set_up(tmp_path):
                                           capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "results" / "figures" / "fig8.png").stat().st_size > 10_000
+
+
+def test_make_figures_and_tables_each_build_every_target_in_one_process():
+    """`make -n` prints the commands without running them: one build of every figure, one of every table."""
+    dry = subprocess.run(["make", "-n", "figures", "tables"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    builds = [line.split() for line in dry.stdout.splitlines() if "analysis.build" in line]
+    assert [[word for word in words if word in TARGETS] for words in builds] == [list(FIGURES), list(TABLES)]
 
 
 def test_committed_results_are_real_runs_with_provenance():
