@@ -5,7 +5,8 @@
     python -m analysis.build fig8 --recipe "160 epochs"   # results/figures/fig8-160-epochs.png
 
 fig7: test error vs K (Table 2's runs); fig8: linear separability per layer (linear_probe.csv);
-fig10: I(h,x) and I(h,y) per layer (mutual_information.csv); table2: ours vs the paper;
+fig10: I(h,x) and I(h,y) per layer (mutual_information.csv); fig_info_plane: the same rows as paths
+through the information plane, the methods of each K in one panel; table2: ours vs the paper;
 fig_memory and table3: the memory benchmark (bench/); table_schedule: the same runs at two
 schedule lengths (schedule-check/ beside runs/); table_paired: InfoPro against greedy SL image by
 image on test images no run used (test_predictions.csv); table_e2e_gap: greedy SL and InfoPro
@@ -22,8 +23,8 @@ def main(argv=None):
     p.add_argument("targets", nargs="+", choices=TARGETS)
     p.add_argument("--results", default="results", help="the results folder to read and write")
     p.add_argument("--recipe", metavar="TEXT",
-                   help="fig7, fig8, fig10: show the recipe whose label contains TEXT (e.g. '160 epochs') instead "
-                        "of the one covering the most configurations, as <target>-<TEXT>.png")
+                   help="fig7, fig8, fig10, fig_info_plane: show the recipe whose label contains TEXT (e.g. '160 "
+                        "epochs') instead of the one covering the most configurations, as <target>-<TEXT>.png")
     args = p.parse_args(argv)
     for target in args.targets:
         for path in build(target, args.results, args.recipe):

@@ -177,10 +177,11 @@ FIGURES = {
     "fig7": lambda r, pick: plots.fig7_error_vs_k(pick(load_runs(r)), load_reference(r, "table2")),
     "fig8": lambda r, pick: plots.fig8_linear_probes(pick(load_probes(r)), load_reference(r, "analysis_figure")),
     "fig10": lambda r, pick: plots.fig10_mutual_information(pick(load_mutual_info(r))),
+    "fig_info_plane": lambda r, pick: plots.fig_information_plane(pick(load_mutual_info(r))),
     "fig_memory": lambda r, pick: plots.fig_memory(load_bench(r), runs_or_empty(r)),
     "fig_schedule": lambda r, pick: plots.fig_schedule(*load_schedule_analysis(r)),
 }
-RECIPE_FIGURES = ("fig7", "fig8", "fig10")  # the figures that show one recipe of the runs
+RECIPE_FIGURES = ("fig7", "fig8", "fig10", "fig_info_plane")  # the figures that show one recipe of the runs
 TABLES = {
     "table2": lambda r: tables.table2(load_runs(r), load_reference(r, "table2")),
     "table3": table3,

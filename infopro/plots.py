@@ -240,8 +240,9 @@ def paired_schedules(df: pd.DataFrame) -> pd.DataFrame:
     return df[lengths > 1]
 
 
-def schedule_row_ks(df: pd.DataFrame) -> list[int]:
-    """The K of each row of fig_schedule: every local K analysed (E2E alone gives one row, K = 1)."""
+def local_ks(df: pd.DataFrame) -> list[int]:
+    """The K of each row or panel of a figure that shows E2E beside every method at one K:
+    every local K in `df` (E2E alone gives one, K = 1)."""
     local = sorted(int(K) for K in df["K"].unique() if K > 1)
     return local or [1]
 
@@ -278,7 +279,7 @@ def fig_schedule(probes: pd.DataFrame, mi: pd.DataFrame) -> Figure:
     the extra epochs change and whether the methods' order per layer turns with their test errors.
     One row per K, each with E2E as its reference. Takes the rows of `paired_schedules` (with a
     `method` column)."""
-    row_ks = schedule_row_ks(probes)
+    row_ks = local_ks(probes)
     figure, axes = new_figure(12.0, 1.0 + 3.1 * len(row_ks), len(row_ks), 3)
     panels = ((probes, "test_error", "linear separability", "linear-probe test error (%)"),
               (mi, "ixx_normalised", "I(h,x)", "Î(h,x) / reducible H(x)"),
@@ -301,6 +302,52 @@ def fig_schedule(probes: pd.DataFrame, mi: pd.DataFrame) -> Figure:
            f"{' and '.join(str(e) for e in lengths[1:])} epochs (solid); "
            f"{'mean over seeds' if averaged else 'one network per line'} ({schedule_seeds_text(probes)}).",
            probe_text(short), mutual_info_text(mi.iloc[0]))
+    return figure
+
+
+STEM = (Line2D([], [], marker="o", ms=5, mfc="white", mec="grey", ls=""), "layer point 1 (stem)")
+
+
+def plane_path(ax, rows: pd.DataFrame, method: str) -> None:
+    """One configuration's path through the information plane, layer point by layer point (mean
+    over seeds): an open marker at the stem, large markers at module ends, an arrowhead at the
+    last layer."""
+    means = rows.groupby("layer")[["ixx_normalised", "ixy_normalised"]].mean()
+    x, y = means["ixx_normalised"], means["ixy_normalised"]
+    label, colour, marker, _ = METHODS[method]
+    ax.plot(x, y, color=colour, lw=1.3, marker=marker, ms=2.5, label=label)
+    ax.scatter(x.iloc[:1], y.iloc[:1], s=30, color="white", edgecolor=colour, linewidth=1.2, zorder=3)
+    ends = sorted(set(rows.loc[rows["module_end"].astype(bool), "layer"]) & set(means.index))
+    ax.scatter(x.loc[ends], y.loc[ends], s=28, color=colour, edgecolor="black", linewidth=0.8, zorder=3)
+    if len(means) > 1:
+        ax.annotate("", xy=(x.iloc[-1], y.iloc[-1]), xytext=(x.iloc[-2], y.iloc[-2]),
+                    arrowprops={"arrowstyle": "-|>", "color": colour, "lw": 1.3, "mutation_scale": 12})
+
+
+@styled
+def fig_information_plane(mi: pd.DataFrame) -> Figure:
+    """Î(h,x) against Î(h,y), layer point by layer point: one panel per K, every method at that K
+    beside E2E, on shared axes. fig10 draws the same rows per method; here the methods meet in
+    one panel, so one sees where greedy SL trades the input for the label early and InfoPro
+    keeps both."""
+    mi, recipe = main_recipe(with_method(mi))
+    panel_ks = local_ks(mi)
+    cols = min(2, len(panel_ks))
+    grid_rows = -(-len(panel_ks) // cols)
+    figure, axes = new_figure(4.2 * cols, 0.9 + 3.7 * grid_rows, grid_rows, cols)
+    limits = [(mi[value].min() - 0.03, mi[value].max() + 0.03) for value in ("ixx_normalised", "ixy_normalised")]
+    for ax, K in zip(axes.flat, panel_ks):
+        shown = mi[(mi["K"] == K) | (mi["method"] == "e2e")]
+        for method in (m for m in METHODS if m in set(shown["method"])):
+            plane_path(ax, shown[shown["method"] == method], method)
+        ax.set(xlim=limits[0], ylim=limits[1], title="E2E" if K == 1 else f"K = {K}",
+               xlabel="Î(h,x) / reducible H(x)", ylabel="Î(h,y) / H(y)")
+    for ax in axes.flat[len(panel_ks):]:
+        ax.set_visible(False)
+    shared_legend(figure, axes, [STEM, MODULE_END])
+    first = mi.iloc[0]
+    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K'])}; each path is the mean over "
+           f"seeds at each layer point, from the stem to the last layer (arrowhead).", mutual_info_text(first))
     return figure
 
 

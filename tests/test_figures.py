@@ -16,7 +16,7 @@ from conftest import REPO, run_cli, run_main
 from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
                              recipe_rows, table3_bench)
-from infopro.plots import fig8_linear_probes, layer_table, main_recipe, with_method
+from infopro.plots import fig8_linear_probes, fig_information_plane, layer_table, main_recipe, with_method
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs
 from infopro.tables import mean_std, schedule_check, table2, to_latex
@@ -238,7 +238,8 @@ def test_a_figure_of_a_named_recipe_draws_only_its_runs_beside_the_default_figur
     assert [path.name for path in paths] == [f"fig8-{re.sub('[^a-z0-9]+', '-', recipe.lower())}{suffix}"
                                              for suffix in (".png", ".pdf")]
     result = run_main("analysis.build", "table2", "--results", str(results_copy), "--recipe", "160 epochs")
-    assert result.returncode == 2 and result.stderr == "error: --recipe applies to fig7, fig8, fig10, not table2\n"
+    assert result.returncode == 2
+    assert result.stderr == "error: --recipe applies to fig7, fig8, fig10, fig_info_plane, not table2\n"
 
 
 def test_table2_shows_every_recipe_beside_the_paper():
@@ -342,6 +343,31 @@ def test_fig8_draws_the_seed_mean_and_shades_the_seed_range_only_where_there_are
         assert ("n = 3 seeds per point; shading: lowest to highest seed" in footer) == shaded
         assert ("n = 1 seed per point." in footer) == (not shaded)
         plt.close(figure)
+
+
+def test_the_information_plane_puts_every_method_of_a_k_beside_e2e_on_shared_axes():
+    """Each panel's paths are the seed means per layer of its K's methods and of E2E, ending in an
+    arrowhead at the last layer; E2E alone is one panel."""
+    mi = with_method(pd.read_csv(RESULTS / "analysis" / "mutual_information.csv"))
+    fixture = mi[mi["epochs"] == 12]
+    figure = fig_information_plane(fixture)
+    panels = [ax for ax in figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["K = 2", "K = 4", "K = 8", "K = 16"]
+    assert len({(ax.get_xlim(), ax.get_ylim()) for ax in panels}) == 1
+    for ax, K in zip(panels, (2, 4, 8, 16)):
+        shown = fixture[(fixture["K"] == K) | (fixture["method"] == "e2e")]
+        paths = {line.get_label(): line for line in ax.get_lines()}
+        assert list(paths) == ["E2E", "Greedy SL", "InfoPro (Contrast)", "InfoPro (Softmax)"]
+        means = shown[shown["method"] == "greedy"].groupby("layer")[["ixx_normalised", "ixy_normalised"]].mean()
+        assert list(paths["Greedy SL"].get_xdata()) == pytest.approx(list(means["ixx_normalised"]))
+        assert list(paths["Greedy SL"].get_ydata()) == pytest.approx(list(means["ixy_normalised"]))
+        heads = [text.xy for text in ax.texts]
+        assert len(heads) == 4 and heads[1] == pytest.approx(tuple(means.iloc[-1]))
+    assert "n = 3 seeds per point" in figure.texts[-1].get_text().replace("\n", " ")
+    plt.close(figure)
+    alone = fig_information_plane(fixture[fixture["method"] == "e2e"])
+    assert [ax.get_title() for ax in alone.axes] == ["E2E"] and len(alone.axes[0].get_lines()) == 1
+    plt.close(alone)
 
 
 def test_the_notebooks_layer_table_keeps_recipes_apart_and_shows_e2e_and_greedy():
