@@ -45,7 +45,7 @@ HOW_TO_MAKE = {
 
 
 # The columns the figures group and draw by; an analysis CSV without them is refused in one line.
-LAYER_COLUMNS = ("run_id", "regime", "K", "seed", "recipe", "epochs", "train_images", "layer")
+LAYER_COLUMNS = ("run_id", "regime", "K", "seed", "recipe", "epochs", "train_images", "layer", "arch", "split")
 PROBE_COLUMNS = LAYER_COLUMNS + ("test_error",)
 MI_COLUMNS = LAYER_COLUMNS + ("ixx_normalised", "ixy_normalised")
 BENCH_COLUMNS = ("method", "arch", "device", "batch_size", "precision")

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from infopro.errors import InfoProError
 from infopro.records import atomic_write
 
 # Okabe & Ito (2008) colour-blind-safe palette.
@@ -44,26 +45,47 @@ def with_method(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(method=[method_key(r, t) for r, t in zip(df["regime"], task)])
 
 
-def training_by_recipe(df: pd.DataFrame) -> pd.Series:
-    """recipe -> how much training it holds (images x epochs): which recipe is the most-trained."""
-    return (df["train_images"] * df["epochs"]).groupby(df["recipe"]).max()
+def training_by_recipe(df: pd.DataFrame, by=("recipe",)) -> pd.Series:
+    """recipe (or the columns `by`) -> how much training it holds (images x epochs): which recipe is
+    the most-trained."""
+    return (df["train_images"] * df["epochs"]).groupby([df[column] for column in by]).max()
 
 
 def main_recipe(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Rows of the recipe a figure shows, and its label: the one covering the most configurations
-    (method, K), the most-trained (images x epochs) among those.
+    """Rows of the architecture and recipe a figure shows, and the recipe's label: the pair covering
+    the most configurations (method, K, split), the most-trained (images x epochs) among those.
 
     results/ holds a small CPU fixture of every configuration next to the paper-recipe grid,
     which lands a few runs per GPU lease. A figure compares methods, so a recipe replaces the
     fixture once it covers as many configurations, not with its first run; the footer says
-    which recipe is shown, and Table 2 shows every recipe.
+    which architecture and recipe are shown, and Table 2 shows every recipe. A recipe's label
+    does not name the network, so ResNet-110 runs of the paper's recipe are told from
+    ResNet-32's by `arch`.
     """
     if df.empty:
         return df, ""
-    configurations = df.drop_duplicates(["recipe", "method", "K"]).groupby("recipe").size()
-    training = training_by_recipe(df)
-    recipe = max(configurations.index, key=lambda r: (configurations[r], training[r]))
-    return df[df["recipe"] == recipe], recipe
+    keys = ["arch", "recipe"]
+    configurations = df.drop_duplicates([*keys, "method", "K", "split"]).groupby(keys).size()
+    training = training_by_recipe(df, keys)
+    arch, recipe = max(configurations.index, key=lambda key: (configurations[key], training[key]))
+    return df[(df["arch"] == arch) & (df["recipe"] == recipe)], recipe
+
+
+def equal_depth(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of runs cut at the paper's equal-depth split points (Table 2 and the analysis figures).
+    InfoPro*'s memory-balanced splits are Table 3's: at K = 2 both exist, and averaged together
+    they would be no configuration at all."""
+    return df[df["split"] == "paper"]
+
+
+def figure_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """What a figure of Table 2's configurations shows (fig7, fig8, fig10, the information plane):
+    equal-depth runs of the main architecture and recipe, with a `method` column; and the recipe."""
+    rows, recipe = main_recipe(equal_depth(with_method(df)))
+    if rows.empty:
+        raise InfoProError("no run here is cut at the paper's equal-depth split points (split 'paper'); "
+                           "runs of other splits show in Table 3 only")
+    return rows, recipe
 
 
 def styled(draw):
@@ -174,7 +196,7 @@ def panel_rows(df: pd.DataFrame, method: str) -> pd.DataFrame:
 @styled
 def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
     """Linear-probe test error vs layer point, one curve per K: greedy SL, and InfoPro beside it."""
-    probes, recipe = main_recipe(with_method(probes))
+    probes, recipe = figure_rows(probes)
     panels = [m for m in ("greedy", "infopro-contrast", "infopro-softmax") if m in set(probes["method"])]
     panels = panels or ["e2e"]
     figure, axes = new_figure(4.0 * len(panels), 3.9, 1, len(panels))
@@ -200,7 +222,7 @@ def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
 @styled
 def fig10_mutual_information(mi: pd.DataFrame) -> Figure:
     """Estimated I(h,x) and I(h,y) vs layer point, one curve per K; a row per method."""
-    mi, recipe = main_recipe(with_method(mi))
+    mi, recipe = figure_rows(mi)
     methods = [m for m in ("greedy", "infopro-contrast", "infopro-softmax") if m in set(mi["method"])]
     methods = methods or ["e2e"]
     figure, axes = new_figure(8.0, 0.6 + 2.9 * len(methods), len(methods), 2)
@@ -330,7 +352,7 @@ def fig_information_plane(mi: pd.DataFrame) -> Figure:
     beside E2E, on shared axes. fig10 draws the same rows per method; here the methods meet in
     one panel, so one sees where greedy SL trades the input for the label early and InfoPro
     keeps both."""
-    mi, recipe = main_recipe(with_method(mi))
+    mi, recipe = figure_rows(mi)
     panel_ks = local_ks(mi)
     cols = min(2, len(panel_ks))
     grid_rows = -(-len(panel_ks) // cols)
@@ -360,7 +382,7 @@ def error_by_k(runs: pd.DataFrame) -> pd.DataFrame:
 @styled
 def fig7_error_vs_k(runs: pd.DataFrame, reference: pd.DataFrame) -> Figure:
     """Final test error vs K per method, mean ± std over seeds; the paper's Table 2 faint behind."""
-    runs, recipe = main_recipe(with_method(runs))
+    runs, recipe = figure_rows(runs)
     stats = error_by_k(runs)
     e2e = stats[stats["method"] == "e2e"]
     reference = with_method(reference[(reference["arch"] == runs["arch"].iloc[0])
@@ -422,7 +444,7 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame) -> Figure:
     for row, arch in enumerate(archs):
         rows = bench[(bench["arch"] == arch) & (bench["error"].isna() if "error" in bench else True)]
         column, described = memory_column(rows)
-        errors = errors_by_method(runs, arch, rows["method"])
+        errors, recipe = errors_by_method(runs, arch, rows["method"])
         for _, result in rows.iterrows():
             label, colour, marker = FAMILY_STYLE[result["family"]]
             memory = 100 * result[f"{column}_vs_e2e"]
@@ -445,9 +467,10 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame) -> Figure:
             axes[row, 0].text(0.5, 0.5, f"no training runs of {arch} yet", transform=axes[row, 0].transAxes,
                               ha="center", va="center", color="#666666")
         notes.append(f"{arch}: {first['precision']} on {first['device_name']}; memory = {described}")
+        if errors:
+            notes.append(f"{arch} test errors: final epoch of our runs ({recipe})")
         if first["device"] == "cpu":
             notes.append(f"{arch}: times measured on a shared CPU: indicative only")
     shared_legend(figure, axes)
-    recipe = "" if runs.empty else f"Test errors: final epoch of our runs ({main_recipe(with_method(runs))[1]})."
-    footer(figure, "; ".join(notes) + ".", recipe)
+    footer(figure, "; ".join(notes) + ".")
     return figure

@@ -13,7 +13,7 @@ import pandas as pd
 from infopro.bench import WHOLE_NETWORK
 from infopro.errors import InfoProError
 from infopro.paired import paired_comparisons
-from infopro.plots import METHODS, main_recipe, training_by_recipe, with_method
+from infopro.plots import METHODS, equal_depth, main_recipe, training_by_recipe, with_method
 from infopro.records import atomic_write
 
 
@@ -31,7 +31,7 @@ def table2(runs: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame, s
     Every recipe has its columns, so the paper-recipe runs show here from the first one that
     lands, beside the CPU fixture that covers every configuration.
     """
-    runs = with_method(runs)
+    runs = equal_depth(with_method(runs))
     arch = main_recipe(runs)[0]["arch"].iloc[0]
     runs = runs[runs["arch"] == arch]
     names = recipe_names(runs)
@@ -247,19 +247,20 @@ def run_of_method(method: str) -> tuple[str, int, str]:
     return "infopro-contrast", K, "balanced" if family == "infopro-balanced" else "paper"
 
 
-def errors_by_method(runs: pd.DataFrame, arch: str, methods) -> dict:
-    """method -> (mean, std, n) of final test error over the main recipe's runs of `arch`."""
+def errors_by_method(runs: pd.DataFrame, arch: str, methods) -> tuple[dict, str]:
+    """method -> (mean, std, n) of final test error over the main recipe's runs of `arch`; and
+    that recipe ("" without runs of `arch`)."""
     runs = runs[runs["arch"] == arch] if not runs.empty else runs
     if runs.empty:
-        return {}
-    runs, _ = main_recipe(with_method(runs))
+        return {}, ""
+    runs, recipe = main_recipe(with_method(runs))
     errors = {}
     for method in methods:
         key, K, split = run_of_method(method)
         chosen = runs[(runs["method"] == key) & (runs["K"] == K) & (runs["split"] == split)]["final_test_error"]
         if len(chosen):
             errors[method] = (chosen.mean(), chosen.std(), len(chosen))
-    return errors
+    return errors, recipe
 
 
 def memory_column(bench: pd.DataFrame) -> tuple[str, str]:
@@ -279,7 +280,7 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
     order = [m for m in TABLE3_METHODS if m in measured.index]
     first = measured.loc[order[0]]
     column, described = memory_column(measured)
-    errors = errors_by_method(runs, first["arch"], order)
+    errors, _ = errors_by_method(runs, first["arch"], order)
     paper = reference[(reference["arch"] == first["arch"]) & (reference["dataset"] == "cifar10")]
     paper = {method_label(m, K): row for m, K, (_, row) in zip(paper["method"], paper["K"], paper.iterrows())}
     rows = []

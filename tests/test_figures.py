@@ -16,7 +16,8 @@ from conftest import REPO, run_cli, run_main
 from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
                              recipe_rows, table3_bench)
-from infopro.plots import fig8_linear_probes, fig_information_plane, layer_table, main_recipe, with_method
+from infopro.plots import (fig8_linear_probes, fig_information_plane, figure_rows, layer_table, main_recipe,
+                           with_method)
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs
 from infopro.tables import mean_std, schedule_check, table2, to_latex
@@ -212,7 +213,7 @@ def test_schedule_check_pairs_each_longer_run_only_with_its_twin(tmp_path):
 def recipe_runs(epochs: int, train_images: int, configurations: list, errors: list) -> pd.DataFrame:
     """Stand-in run rows of one recipe: one seed per (regime, K), with the given final errors."""
     return pd.DataFrame({
-        "arch": "resnet32", "regime": [regime for regime, _ in configurations], "task_loss": "contrast",
+        "arch": "resnet32", "split": "paper", "regime": [regime for regime, _ in configurations], "task_loss": "contrast",
         "K": [K for _, K in configurations], "seed": 0, "epochs": epochs, "train_images": train_images,
         "recipe": f"{train_images} images, {epochs} epochs", "final_test_error": errors})
 
@@ -223,6 +224,31 @@ def test_figures_keep_the_fixture_until_a_longer_recipe_covers_as_many_configura
     whole_grid = recipe_runs(160, 50_000, [("e2e", 1), ("greedy", 2), ("infopro", 2)], [10.9, 14.3, 9.0])
     assert main_recipe(with_method(pd.concat([fixture, first_gpu_runs])))[1] == "10000 images, 12 epochs"
     assert main_recipe(with_method(pd.concat([fixture, whole_grid])))[1] == "50000 images, 160 epochs"
+
+
+def test_figures_and_table2_keep_architectures_and_split_kinds_apart():
+    """A recipe's label does not name the network, and InfoPro* (balanced split) has a K = 2 too:
+    ResNet-110 runs of the same recipe, or InfoPro* runs, once entered the ResNet-32 curves and means."""
+    probes = pd.read_csv(RESULTS / "analysis" / "linear_probe.csv")
+    fixture = probes[probes["epochs"] == 12]
+    deeper = fixture[fixture["K"] <= 2].assign(arch="resnet110", test_error=fixture["test_error"] + 40)  # fewer K
+    balanced = fixture[fixture["K"] == 2].assign(split="balanced", test_error=99.0)
+    alone, mixed = (fig8_linear_probes(rows, load_reference(RESULTS, "analysis_figure"))
+                    for rows in (fixture, pd.concat([deeper, fixture, balanced])))
+    for a, b in zip(alone.axes, mixed.axes):
+        assert [list(line.get_ydata()) for line in a.get_lines()] == [list(line.get_ydata()) for line in b.get_lines()]
+    assert "resnet32," in mixed.texts[-1].get_text()
+    plt.close(alone), plt.close(mixed)
+
+    runs = recipe_runs(160, 50_000, [("e2e", 1), ("greedy", 2), ("infopro", 2)], [10.9, 14.3, 11.7])
+    others = pd.concat([runs[runs["K"] == 1].assign(arch="resnet110", final_test_error=50.0),
+                        runs[runs["K"] == 2].assign(split="balanced", final_test_error=60.0)])
+    reference = load_reference(RESULTS, "table2")
+    ours = "ours, 160 epochs: test error (%)"
+    assert table2(pd.concat([others, runs]), reference)[0][ours].tolist() == ["10.90", "14.30", "11.70"]
+    assert main_recipe(with_method(pd.concat([others, runs])))[0]["arch"].eq("resnet32").all()
+    with pytest.raises(InfoProError, match="no run here is cut at the paper's equal-depth split points"):
+        figure_rows(others[others["split"] == "balanced"])
 
 
 def test_a_figure_of_a_named_recipe_draws_only_its_runs_beside_the_default_figure(results_copy):
