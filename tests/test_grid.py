@@ -10,6 +10,8 @@ import pandas as pd
 
 from conftest import REPO, assert_free, run_cli, run_main
 from infopro.grid import get_grid, measure_jobs, run_grid, run_state, train_command
+from infopro.plots import method_key
+from infopro.tables import TABLE3_METHODS, run_of_method
 from infopro.train import TrainConfig, train
 
 TINY = dict(dataset="synthetic", train_subset=200, test_subset=100, epochs=2, batch_size=100, lr=0.05,
@@ -107,6 +109,21 @@ def test_the_paper_grid_runs_softmax_past_seed_0_after_every_run_table2_needs():
     assert not any("softmax" in run for run in runs[13:31])
     assert runs[31:] == [f"cifar10-resnet32-infopro-softmax-K{K}-s{seed}" for seed in (1, 2) for K in (2, 4, 8, 16)]
     assert [c.run_id() for c in get_grid("table2-resnet32").configs(seeds=[2])][-4:] == runs[-4:]
+
+
+def test_the_resnet110_grids_train_what_table2_and_table3_read():
+    """table3-resnet110 trains exactly the runs whose errors Table 3 reads (InfoPro*: balanced
+    splits); table2-resnet110 is the ResNet-32 grid on the deeper network; one E2E run serves both."""
+    def trained(grid):
+        return {(method_key(c.regime, c.task_loss), c.K, c.split) for c in get_grid(grid).configs(seeds=[0])}
+
+    whole_or_balanced = [m for m in TABLE3_METHODS if m in ("e2e", "checkpoint", "offload") or "balanced" in m]
+    assert trained("table3-resnet110") == {run_of_method(method) for method in whole_or_balanced}
+    assert {run_of_method(method) for method in TABLE3_METHODS} <= trained("table3-resnet110") | trained("table2-resnet110")
+    table2, table3 = (get_grid(grid).configs() for grid in ("table2-resnet110", "table3-resnet110"))
+    assert [c.run_id() for c in table2] == [c.run_id().replace("resnet32", "resnet110")
+                                             for c in get_grid("table2-resnet32").configs()]
+    assert table3[0].run_id() == table2[0].run_id() == "cifar10-resnet110-e2e-K1-s0"
 
 
 def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
