@@ -180,6 +180,9 @@ def module_end_table(df: pd.DataFrame) -> dict[int, list[int]]:
             for K, group in df.groupby("K")}
 
 
+ANALYSIS_FIGURE_ARCH = "resnet32"  # the network of the paper's analysis figure (results/reference/analysis_figure.csv)
+
+
 def reference_curves(ax, reference: pd.DataFrame, quantity: str) -> bool:
     """The paper's read-off values as faint thin lines; True if any were drawn."""
     rows = reference[reference["quantity"] == quantity]
@@ -204,7 +207,7 @@ def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
     paper = False
     for ax, method in zip(axes[0], panels):
         layer_curves(ax, panel_rows(probes, method), "test_error", ends)
-        if method == "greedy":
+        if method == "greedy" and probes["arch"].iloc[0] == ANALYSIS_FIGURE_ARCH:
             paper = reference_curves(ax, reference, "linear_probe_test_error")
         ax.set_title(METHODS[method][0])
         layer_axis(ax, "linear-probe test error (%)")

@@ -238,7 +238,11 @@ def test_figures_and_table2_keep_architectures_and_split_kinds_apart():
     for a, b in zip(alone.axes, mixed.axes):
         assert [list(line.get_ydata()) for line in a.get_lines()] == [list(line.get_ydata()) for line in b.get_lines()]
     assert "resnet32," in mixed.texts[-1].get_text()
-    plt.close(alone), plt.close(mixed)
+    deeper_only = fig8_linear_probes(deeper, load_reference(RESULTS, "analysis_figure"))
+    assert "resnet110," in deeper_only.texts[-1].get_text()
+    assert "paper, greedy SL (read off)" not in [text.get_text() for text in deeper_only.legends[0].get_texts()]
+    assert "paper, greedy SL (read off)" in [text.get_text() for text in mixed.legends[0].get_texts()]
+    plt.close(alone), plt.close(mixed), plt.close(deeper_only)
 
     runs = recipe_runs(160, 50_000, [("e2e", 1), ("greedy", 2), ("infopro", 2)], [10.9, 14.3, 11.7])
     others = pd.concat([runs[runs["K"] == 1].assign(arch="resnet110", final_test_error=50.0),
