@@ -19,9 +19,11 @@ test:
 
 # RECIPE (fig7, fig8, fig10, fig_info_plane): draw the recipe whose label contains it, e.g. RECIPE="160 epochs", as <target>-160-epochs.
 RECIPE ?=
+# ARCH (the same figures and table2): draw that network's runs, e.g. ARCH=resnet110, as <target>-resnet110.
+ARCH ?=
 FIGURES = fig7 fig8 fig10 fig_info_plane fig_memory fig_schedule
 TABLES = table2 table3 table_schedule table_paired table_e2e_gap
-BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)")
+BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)") $(if $(ARCH),--arch $(ARCH))
 $(FIGURES) $(TABLES):
 	$(BUILD) $@
 

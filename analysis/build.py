@@ -3,6 +3,7 @@
     python -m analysis.build fig8            # results/figures/fig8.png and .pdf
     python -m analysis.build fig7 fig10 table2
     python -m analysis.build fig8 --recipe "160 epochs"   # results/figures/fig8-160-epochs.png
+    python -m analysis.build fig8 table2 --arch resnet110  # results/figures/fig8-resnet110.png, ...
 
 fig7: test error vs K (Table 2's runs); fig8: linear separability per layer (linear_probe.csv);
 fig10: I(h,x) and I(h,y) per layer (mutual_information.csv); fig_info_plane: the same rows as paths
@@ -16,6 +17,7 @@ Each takes a few seconds on a CPU.
 
 from infopro.cli import ArgumentParser, run
 from infopro.figures import TARGETS, build
+from infopro.models import ARCHS
 
 
 def main(argv=None):
@@ -25,9 +27,12 @@ def main(argv=None):
     p.add_argument("--recipe", metavar="TEXT",
                    help="fig7, fig8, fig10, fig_info_plane: show the recipe whose label contains TEXT (e.g. '160 "
                         "epochs') instead of the one covering the most configurations, as <target>-<TEXT>.png")
+    p.add_argument("--arch", choices=ARCHS,
+                   help="fig7, fig8, fig10, fig_info_plane, table2: show this network's runs instead of those of the "
+                        "one covering the most configurations, as <target>-<ARCH>")
     args = p.parse_args(argv)
     for target in args.targets:
-        for path in build(target, args.results, args.recipe):
+        for path in build(target, args.results, args.recipe, args.arch):
             print(f"wrote {path}")
 
 

@@ -6,7 +6,6 @@ the command making it and what that costs.
 """
 
 import re
-from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -172,7 +171,25 @@ def recipe_rows(df: pd.DataFrame, text: str) -> pd.DataFrame:
     return df[df["recipe"] == recipes[0]]
 
 
-# Each figure from the results folder and a selection of rows by recipe (identity: the default recipe).
+def arch_rows(df: pd.DataFrame, arch: str) -> pd.DataFrame:
+    """The rows of one network, for a figure or table of it when another network covers more."""
+    rows = df[df["arch"] == arch]
+    if rows.empty:
+        networks = ", ".join(sorted(df["arch"].unique()))
+        raise InfoProError(f"no run of {arch} here; the networks in results are: {networks}")
+    return rows
+
+
+def selection(recipe: str | None, arch: str | None):
+    """The rows a target draws: those of `arch` and of the recipe whose label contains `recipe`
+    (each only when given; the figures then pick as by default among what is left)."""
+    def pick(df: pd.DataFrame) -> pd.DataFrame:
+        df = df if arch is None else arch_rows(df, arch)
+        return df if recipe is None else recipe_rows(df, recipe)
+    return pick
+
+
+# Each target from the results folder and a selection of rows (`selection`: all rows by default).
 FIGURES = {
     "fig7": lambda r, pick: plots.fig7_error_vs_k(pick(load_runs(r)), load_reference(r, "table2")),
     "fig8": lambda r, pick: plots.fig8_linear_probes(pick(load_probes(r)), load_reference(r, "analysis_figure")),
@@ -183,31 +200,40 @@ FIGURES = {
 }
 RECIPE_FIGURES = ("fig7", "fig8", "fig10", "fig_info_plane")  # the figures that show one recipe of the runs
 TABLES = {
-    "table2": lambda r: tables.table2(load_runs(r), load_reference(r, "table2")),
-    "table3": table3,
-    "table_schedule": lambda r: tables.schedule_check(load_schedule_pairs(r)),
-    "table_paired": lambda r: tables.paired(load_test_predictions(r)),
-    "table_e2e_gap": lambda r: tables.e2e_gap(load_test_predictions(r)),
+    "table2": lambda r, pick: tables.table2(pick(load_runs(r)), load_reference(r, "table2")),
+    "table3": lambda r, pick: table3(r),
+    "table_schedule": lambda r, pick: tables.schedule_check(load_schedule_pairs(r)),
+    "table_paired": lambda r, pick: tables.paired(load_test_predictions(r)),
+    "table_e2e_gap": lambda r, pick: tables.e2e_gap(load_test_predictions(r)),
 }
 TARGETS = (*FIGURES, *TABLES)
+ARCH_TARGETS = (*RECIPE_FIGURES, "table2")  # the targets that show one network of the runs
 
 
-def build(target: str, results="results", recipe: str | None = None) -> list[Path]:
+def refuse_unless(target: str, option: str, targets: tuple[str, ...]) -> None:
+    if target not in targets:
+        raise InfoProError(f"--{option} applies to {', '.join(targets)}, not {target}")
+
+
+def build(target: str, results="results", recipe: str | None = None, arch: str | None = None) -> list[Path]:
     """Build one figure (results/figures/<target>.png and .pdf) or table (results/tables/<target>.*).
 
     With `recipe`, a figure of RECIPE_FIGURES shows the runs of the recipe whose label contains
-    that text, as results/figures/<target>-<text, slugged>.*, beside the default figure.
+    that text; with `arch`, a target of ARCH_TARGETS shows that network's runs (where another
+    network covers more configurations). Either writes <target>[-<arch>][-<recipe, slugged>].*,
+    beside the default.
     """
-    results = Path(results)
+    if target not in TARGETS:
+        raise InfoProError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")
     if recipe is not None:
-        if target not in RECIPE_FIGURES:
-            raise InfoProError(f"--recipe applies to {', '.join(RECIPE_FIGURES)}, not {target}")
-        stem = f"{target}-{re.sub(r'[^a-z0-9]+', '-', recipe.lower()).strip('-')}"
-        return plots.save_figure(FIGURES[target](results, partial(recipe_rows, text=recipe)),
-                                 results / "figures" / stem)
+        refuse_unless(target, "recipe", RECIPE_FIGURES)
+    if arch is not None:
+        refuse_unless(target, "arch", ARCH_TARGETS)
+    results = Path(results)
+    slug = None if recipe is None else re.sub(r"[^a-z0-9]+", "-", recipe.lower()).strip("-")
+    stem = "-".join(part for part in (target, arch, slug) if part)
+    pick = selection(recipe, arch)
     if target in FIGURES:
-        return plots.save_figure(FIGURES[target](results, lambda df: df), results / "figures" / target)
-    if target in TABLES:
-        table, caption = TABLES[target](results)
-        return tables.write_table(table, caption, results / "tables" / target)
-    raise InfoProError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")
+        return plots.save_figure(FIGURES[target](results, pick), results / "figures" / stem)
+    table, caption = TABLES[target](results, pick)
+    return tables.write_table(table, caption, results / "tables" / stem)

@@ -14,8 +14,8 @@ from nbclient import NotebookClient
 
 from conftest import REPO, run_cli, run_main
 from infopro.errors import InfoProError
-from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
-                             recipe_rows, table3_bench)
+from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis,
+                             max_batch_path, recipe_rows, selection, table3_bench)
 from infopro.plots import (fig8_linear_probes, fig_information_plane, figure_rows, layer_table, main_recipe,
                            with_method)
 from infopro.records import read_json
@@ -253,6 +253,30 @@ def test_figures_and_table2_keep_architectures_and_split_kinds_apart():
     assert main_recipe(with_method(pd.concat([others, runs])))[0]["arch"].eq("resnet32").all()
     with pytest.raises(InfoProError, match="no run here is cut at the paper's equal-depth split points"):
         figure_rows(others[others["split"] == "balanced"])
+
+
+def test_a_target_of_a_named_network_draws_only_its_runs_beside_the_default(tmp_path, results_copy):
+    """`--arch` shows a network that covers fewer configurations than another (ResNet-110 beside
+    ResNet-32 here), with `--recipe` or alone; a network without runs is one line."""
+    probes = pd.read_csv(RESULTS / "analysis" / "linear_probe.csv")
+    fixture = probes[probes["epochs"] == 12]
+    deeper = fixture[fixture["K"] <= 2].assign(arch="resnet110", test_error=fixture["test_error"] + 40)
+    both = pd.concat([fixture, deeper])
+    assert selection("12 epochs", "resnet110")(both).equals(deeper)
+    assert selection(None, "resnet32")(both).equals(fixture)
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS / "reference", results / "reference")
+    (results / "analysis").mkdir()
+    both.to_csv(results / "analysis" / "linear_probe.csv", index=False)
+    paths = build("fig8", results, recipe="12 epochs", arch="resnet110")
+    assert [path.name for path in paths] == ["fig8-resnet110-12-epochs.png", "fig8-resnet110-12-epochs.pdf"]
+
+    refused = run_main("analysis.build", "fig8", "--results", str(results_copy), "--arch", "resnet110")
+    assert refused.returncode == 2
+    assert refused.stderr == "error: no run of resnet110 here; the networks in results are: resnet32\n"
+    refused = run_main("analysis.build", "table3", "--results", str(results_copy), "--arch", "resnet32")
+    assert refused.returncode == 2
+    assert refused.stderr == "error: --arch applies to fig7, fig8, fig10, fig_info_plane, table2, not table3\n"
 
 
 def test_a_figure_of_a_named_recipe_draws_only_its_runs_beside_the_default_figure(results_copy):
