@@ -167,11 +167,11 @@ def layer_curves(ax, df: pd.DataFrame, value: str, ends: dict[int, list[int]]) -
 
 def layer_table(df: pd.DataFrame, values: str | list[str]) -> pd.DataFrame:
     """The numbers behind a per-layer figure, as its notebook prints them: `values` per layer
-    point, mean over seeds, one column per (recipe, method, K). Recipes stay apart (a 12-epoch
-    fixture averaged with a 160-epoch run means nothing), and E2E and greedy SL, whose task_loss
-    is blank, are columns too."""
-    return with_method(df).pivot_table(index="layer", columns=["recipe", "method", "K"], values=values,
-                                       aggfunc="mean")
+    point, mean over seeds, one column per (network, recipe, method, K, split). Networks, recipes
+    and splits stay apart (a 12-epoch fixture averaged with a 160-epoch run means nothing), and
+    E2E and greedy SL, whose task_loss is blank, are columns too."""
+    return with_method(df).pivot_table(index="layer", columns=["arch", "recipe", "method", "K", "split"],
+                                       values=values, aggfunc="mean")
 
 
 def module_end_table(df: pd.DataFrame) -> dict[int, list[int]]:

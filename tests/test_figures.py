@@ -426,12 +426,14 @@ def test_the_information_plane_puts_every_method_of_a_k_beside_e2e_on_shared_axe
 
 def test_the_notebooks_layer_table_keeps_recipes_apart_and_shows_e2e_and_greedy():
     """It once averaged the 12-epoch fixture with the 160-epoch runs and dropped the methods whose
-    task_loss is blank."""
+    task_loss is blank; split kinds (InfoPro*'s K = 2 beside InfoPro's) stay apart too."""
     probes = pd.read_csv(RESULTS / "analysis" / "linear_probe.csv")
+    probes = pd.concat([probes, probes[probes["K"] == 2].assign(split="balanced", test_error=99.0)])
     table = layer_table(probes, "test_error")
-    assert len(table.columns) == probes.drop_duplicates(["recipe", "regime", "task_loss", "K"]).shape[0]
-    for (recipe, method, K), rows in with_method(probes).groupby(["recipe", "method", "K"]):
-        assert table.loc[16, (recipe, method, K)] == pytest.approx(rows.loc[rows["layer"] == 16, "test_error"].mean())
+    assert len(table.columns) == probes.drop_duplicates(["recipe", "regime", "task_loss", "K", "split"]).shape[0]
+    for (recipe, method, K, split), rows in with_method(probes).groupby(["recipe", "method", "K", "split"]):
+        mean = rows.loc[rows["layer"] == 16, "test_error"].mean()
+        assert table.loc[16, ("resnet32", recipe, method, K, split)] == pytest.approx(mean)
     assert {"e2e", "greedy"} <= set(table.columns.get_level_values("method"))
 
 
