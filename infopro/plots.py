@@ -80,7 +80,8 @@ def equal_depth(df: pd.DataFrame) -> pd.DataFrame:
 
 def figure_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """What a figure of Table 2's configurations shows (fig7, fig8, fig10, the information plane):
-    equal-depth runs of the main architecture and recipe, with a `method` column; and the recipe."""
+    equal-depth runs of the main architecture and recipe, with a `method` column; and the recipe.
+    Table 2 shows every recipe of that architecture."""
     rows, recipe = main_recipe(equal_depth(with_method(df)))
     if rows.empty:
         raise InfoProError("no run here is cut at the paper's equal-depth split points (split 'paper'); "

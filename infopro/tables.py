@@ -13,7 +13,7 @@ import pandas as pd
 from infopro.bench import WHOLE_NETWORK
 from infopro.errors import InfoProError
 from infopro.paired import paired_comparisons
-from infopro.plots import METHODS, equal_depth, main_recipe, training_by_recipe, with_method
+from infopro.plots import METHODS, equal_depth, figure_rows, main_recipe, training_by_recipe, with_method
 from infopro.records import atomic_write
 
 
@@ -31,8 +31,8 @@ def table2(runs: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame, s
     Every recipe has its columns, so the paper-recipe runs show here from the first one that
     lands, beside the CPU fixture that covers every configuration.
     """
+    arch = figure_rows(runs)[0]["arch"].iloc[0]
     runs = equal_depth(with_method(runs))
-    arch = main_recipe(runs)[0]["arch"].iloc[0]
     runs = runs[runs["arch"] == arch]
     names = recipe_names(runs)
     paper = with_method(reference[(reference["arch"] == arch) & (reference["dataset"] == "cifar10")])

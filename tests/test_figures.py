@@ -251,8 +251,9 @@ def test_figures_and_table2_keep_architectures_and_split_kinds_apart():
     ours = "ours, 160 epochs: test error (%)"
     assert table2(pd.concat([others, runs]), reference)[0][ours].tolist() == ["10.90", "14.30", "11.70"]
     assert main_recipe(with_method(pd.concat([others, runs])))[0]["arch"].eq("resnet32").all()
-    with pytest.raises(InfoProError, match="no run here is cut at the paper's equal-depth split points"):
-        figure_rows(others[others["split"] == "balanced"])
+    for draw in (figure_rows, lambda rows: table2(rows, reference)):
+        with pytest.raises(InfoProError, match="no run here is cut at the paper's equal-depth split points"):
+            draw(others[others["split"] == "balanced"])
 
 
 def test_a_target_of_a_named_network_draws_only_its_runs_beside_the_default(tmp_path, results_copy):
