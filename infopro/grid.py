@@ -63,18 +63,21 @@ class Grid:
         return select_by_run_id(configs, only, TrainConfig.run_id, "configuration of the grid")
 
 
+def table2_grid(arch: str, description: str) -> Grid:
+    """Paper Table 2 on `arch`: E2E, greedy SL and InfoPro (Contrast) at three seeds, the paper's recipe;
+    InfoPro (Softmax) at seed 0, and past it after every other run."""
+    return Grid(description, dict(arch=arch, dataset="cifar10"), TABLE2_VARIANTS[:-len(SOFTMAX_VARIANTS)],
+                seeds=(0, 1, 2), secondary=SOFTMAX_VARIANTS)
+
+
 GRIDS = {
-    "table2-resnet32": Grid(
-        "Paper Table 2, ResNet-32 on CIFAR-10: E2E, greedy SL, InfoPro (contrast, softmax) at K=2,4,8,16; "
-        "the paper's recipe (160 epochs, batch 1024); InfoPro (softmax) past seed 0 runs last",
-        dict(arch="resnet32", dataset="cifar10"), TABLE2_VARIANTS[:-len(SOFTMAX_VARIANTS)], seeds=(0, 1, 2),
-        secondary=SOFTMAX_VARIANTS),
-    "table2-resnet110": Grid(
-        "Paper Table 2, ResNet-110 on CIFAR-10: the table2-resnet32 grid on the deeper network (its E2E run "
-        "is table3-resnet110's); on one H100 alone an E2E or greedy SL run is about 9 min of steps, InfoPro "
-        "(Contrast) K=16 about 22 (the benchmark's step times, ResNet-110, batch 1024)",
-        dict(arch="resnet110", dataset="cifar10"), TABLE2_VARIANTS[:-len(SOFTMAX_VARIANTS)], seeds=(0, 1, 2),
-        secondary=SOFTMAX_VARIANTS),
+    "table2-resnet32": table2_grid(
+        "resnet32", "Paper Table 2, ResNet-32 on CIFAR-10: E2E, greedy SL, InfoPro (contrast, softmax) at "
+        "K=2,4,8,16; the paper's recipe (160 epochs, batch 1024); InfoPro (softmax) past seed 0 runs last"),
+    "table2-resnet110": table2_grid(
+        "resnet110", "Paper Table 2, ResNet-110 on CIFAR-10: the table2-resnet32 grid on the deeper network (its "
+        "E2E run is table3-resnet110's); on one H100 alone an E2E or greedy SL run is about 9 min of steps, "
+        "InfoPro (Contrast) K=16 about 22 (the benchmark's step times, ResNet-110, batch 1024)"),
     "table3-resnet110": Grid(
         "Paper Table 3's test errors, ResNet-110 on CIFAR-10: E2E (gradient checkpointing trains the same "
         "network) and InfoPro* (memory-balanced splits) at K=2,3,4; the paper's recipe",
