@@ -335,8 +335,9 @@ def test_probes_and_mutual_info_run_end_to_end_on_a_run(tmp_path):
     mi = pd.read_csv(results / "analysis" / "mutual_information.csv")
     assert list(probes["layer"]) == [1, 8, 16] and probes.loc[probes["layer"] == 8, "module_end"].item()
     assert list(mi["layer"]) == [1, 8, 16] and mi["ixy_normalised"].between(-1, 1).all()
-    make("fig8", "fig10", "fig7", "table2")
-    assert (results / "figures" / "fig10.pdf").exists() and (results / "tables" / "table2.tex").exists()
+    make("fig8", "fig10", "fig_info_plane", "fig7", "table2")
+    for made in ("figures/fig10.pdf", "figures/fig_info_plane.png", "tables/table2.tex"):
+        assert (results / made).exists(), made
 
 
 def test_schedule_analysis_draws_only_seeds_analysed_after_both_lengths(tmp_path):
