@@ -251,6 +251,8 @@ def test_figures_and_table2_keep_architectures_and_split_kinds_apart():
     ours = "ours, 160 epochs: test error (%)"
     assert table2(pd.concat([others, runs]), reference)[0][ours].tolist() == ["10.90", "14.30", "11.70"]
     assert main_recipe(with_method(pd.concat([others, runs])))[0]["arch"].eq("resnet32").all()
+    as_deep = pd.concat([runs.assign(arch="resnet110"), runs])  # a tie goes to the paper's analysis network
+    assert main_recipe(with_method(as_deep))[0]["arch"].eq("resnet32").all()
     for draw in (figure_rows, lambda rows: table2(rows, reference)):
         with pytest.raises(InfoProError, match="no run here is cut at the paper's equal-depth split points"):
             draw(others[others["split"] == "balanced"])
