@@ -213,9 +213,9 @@ def test_schedule_check_pairs_each_longer_run_only_with_its_twin(tmp_path):
 def recipe_runs(epochs: int, train_images: int, configurations: list, errors: list) -> pd.DataFrame:
     """Stand-in run rows of one recipe: one seed per (regime, K), with the given final errors."""
     return pd.DataFrame({
-        "arch": "resnet32", "split": "paper", "regime": [regime for regime, _ in configurations], "task_loss": "contrast",
-        "K": [K for _, K in configurations], "seed": 0, "epochs": epochs, "train_images": train_images,
-        "recipe": f"{train_images} images, {epochs} epochs", "final_test_error": errors})
+        "arch": "resnet32", "split": "paper", "regime": [regime for regime, _ in configurations],
+        "task_loss": "contrast", "K": [K for _, K in configurations], "seed": 0, "epochs": epochs,
+        "train_images": train_images, "recipe": f"{train_images} images, {epochs} epochs", "final_test_error": errors})
 
 
 def test_figures_keep_the_fixture_until_a_longer_recipe_covers_as_many_configurations():

@@ -119,7 +119,8 @@ def test_the_resnet110_grids_train_what_table2_and_table3_read():
 
     whole_or_balanced = [m for m in TABLE3_METHODS if m in ("e2e", "checkpoint", "offload") or "balanced" in m]
     assert trained("table3-resnet110") == {run_of_method(method) for method in whole_or_balanced}
-    assert {run_of_method(method) for method in TABLE3_METHODS} <= trained("table3-resnet110") | trained("table2-resnet110")
+    both = trained("table3-resnet110") | trained("table2-resnet110")
+    assert {run_of_method(method) for method in TABLE3_METHODS} <= both
     table2, table3 = (get_grid(grid).configs() for grid in ("table2-resnet110", "table3-resnet110"))
     assert [c.run_id() for c in table2] == [c.run_id().replace("resnet32", "resnet110")
                                              for c in get_grid("table2-resnet32").configs()]
