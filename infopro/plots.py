@@ -86,8 +86,8 @@ def figure_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     Table 2 shows every recipe of that architecture."""
     rows, recipe = main_recipe(equal_depth(with_method(df)))
     if rows.empty:
-        raise InfoProError("no run here is cut at the paper's equal-depth split points (split 'paper'); "
-                           "runs of other splits show in Table 3 only")
+        raise InfoProError("no run here is cut at the paper's equal-depth split points (split 'paper'), the only "
+                           "ones this shows; InfoPro*'s balanced runs enter Table 3 and fig_memory")
     return rows, recipe
 
 
