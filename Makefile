@@ -9,7 +9,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: setup test fig7 fig8 fig10 fig_info_plane fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
+.PHONY: setup test fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
 
 setup:
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
@@ -17,11 +17,11 @@ setup:
 test:
 	$(PYTHON) -m pytest
 
-# RECIPE (fig7, fig8, fig10, fig_info_plane): draw the recipe whose label contains it, e.g. RECIPE="160 epochs", as <target>-160-epochs.
+# RECIPE (fig7, fig8, fig10, fig_info_plane, fig_curves): draw the recipe whose label contains it, e.g. RECIPE="160 epochs", as <target>-160-epochs.
 RECIPE ?=
 # ARCH (the same figures and table2): draw that network's runs, e.g. ARCH=resnet110, as <target>-resnet110.
 ARCH ?=
-FIGURES = fig7 fig8 fig10 fig_info_plane fig_memory fig_schedule
+FIGURES = fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule
 TABLES = table2 table3 table_schedule table_paired table_e2e_gap
 BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)") $(if $(ARCH),--arch $(ARCH))
 $(FIGURES) $(TABLES):

@@ -7,7 +7,8 @@
 
 fig7: test error vs K (Table 2's runs); fig8: linear separability per layer (linear_probe.csv);
 fig10: I(h,x) and I(h,y) per layer (mutual_information.csv); fig_info_plane: the same rows as paths
-through the information plane, the methods of each K in one panel; table2: ours vs the paper;
+through the information plane, the methods of each K in one panel; fig_curves: train and test
+error per epoch of every run, unfinished ones included (metrics.csv); table2: ours vs the paper;
 fig_memory and table3: the memory benchmark (bench/); table_schedule: the same runs at two
 schedule lengths (schedule-check/ beside runs/); table_paired: InfoPro against greedy SL image by
 image on test images no run used (test_predictions.csv); table_e2e_gap: greedy SL and InfoPro
@@ -25,10 +26,10 @@ def main(argv=None):
     p.add_argument("targets", nargs="+", choices=TARGETS)
     p.add_argument("--results", default="results", help="the results folder to read and write")
     p.add_argument("--recipe", metavar="TEXT",
-                   help="fig7, fig8, fig10, fig_info_plane: show the recipe whose label contains TEXT (e.g. '160 "
+                   help="fig7, fig8, fig10, fig_info_plane, fig_curves: show the recipe whose label contains TEXT (e.g. '160 "
                         "epochs') instead of the one covering the most configurations, as <target>-<TEXT>.png")
     p.add_argument("--arch", choices=ARCHS,
-                   help="fig7, fig8, fig10, fig_info_plane, table2: show this network's runs instead of those of the "
+                   help="fig7, fig8, fig10, fig_info_plane, fig_curves, table2: show this network's runs instead of those of the "
                         "one covering the most configurations, as <target>-<ARCH>")
     args = p.parse_args(argv)
     for target in args.targets:

@@ -15,7 +15,7 @@ from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.paired import read_predictions
 from infopro.records import read_table
-from infopro.runs import find_runs, runs_table, schedule_pairs
+from infopro.runs import find_runs, runs_table, schedule_pairs, training_curves
 
 # How to make each input, and what it cost when we made it (see README, "What each step costs").
 HOW_TO_MAKE = {
@@ -66,6 +66,14 @@ def load_runs(results) -> pd.DataFrame:
     if runs.empty:
         raise InfoProError(f"no finished runs under {Path(results) / 'runs'}: {HOW_TO_MAKE['runs']}")
     return runs
+
+
+def load_curves(results) -> pd.DataFrame:
+    """Every run's errors per epoch, unfinished runs included."""
+    curves = training_curves(Path(results) / "runs")
+    if curves.empty:
+        raise InfoProError(f"no run under {Path(results) / 'runs'} has finished an epoch: {HOW_TO_MAKE['runs']}")
+    return curves
 
 
 def load_probes(results) -> pd.DataFrame:
@@ -195,10 +203,12 @@ FIGURES = {
     "fig8": lambda r, pick: plots.fig8_linear_probes(pick(load_probes(r)), load_reference(r, "analysis_figure")),
     "fig10": lambda r, pick: plots.fig10_mutual_information(pick(load_mutual_info(r))),
     "fig_info_plane": lambda r, pick: plots.fig_information_plane(pick(load_mutual_info(r))),
+    "fig_curves": lambda r, pick: plots.fig_training_curves(pick(load_curves(r))),
     "fig_memory": lambda r, pick: plots.fig_memory(load_bench(r), runs_or_empty(r)),
     "fig_schedule": lambda r, pick: plots.fig_schedule(*load_schedule_analysis(r)),
 }
-RECIPE_FIGURES = ("fig7", "fig8", "fig10", "fig_info_plane")  # the figures that show one recipe of the runs
+# The figures that show one recipe of the runs.
+RECIPE_FIGURES = ("fig7", "fig8", "fig10", "fig_info_plane", "fig_curves")
 TABLES = {
     "table2": lambda r, pick: tables.table2(pick(load_runs(r)), load_reference(r, "table2")),
     "table3": lambda r, pick: table3(r),

@@ -15,7 +15,7 @@ import matplotlib as mpl
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from infopro.errors import InfoProError
 from infopro.records import atomic_write
@@ -140,16 +140,16 @@ def shared_legend(figure: Figure, axes, extra: list[tuple] = ()) -> None:
 MODULE_END = (Line2D([], [], marker="o", ms=6, mfc="white", mec="black", ls=""), "end of a local module")
 
 
-def seeds_text(df: pd.DataFrame, group: list[str]) -> str:
+def seeds_text(df: pd.DataFrame, group: list[str], per: str = "point") -> str:
     counts = df.groupby(group)["seed"].nunique()
     low, high = counts.min(), counts.max()
-    return f"n = {low} seed{'s' if high > 1 else ''} per point" if low == high else f"n = {low}-{high} seeds per point"
+    return f"n = {low} seed{'s' if high > 1 else ''} per {per}" if low == high else f"n = {low}-{high} seeds per {per}"
 
 
-def layer_seeds_text(df: pd.DataFrame) -> str:
-    """The seeds behind the per-layer curves, and what their shading means where there is some."""
+def curve_seeds_text(df: pd.DataFrame, per: str = "point") -> str:
+    """The seeds behind the curves of (method, K), and what their shading means where there is some."""
     several = df.groupby(["method", "K"])["seed"].nunique().max() > 1
-    return seeds_text(df, ["method", "K"]) + ("; shading: lowest to highest seed" if several else "")
+    return seeds_text(df, ["method", "K"], per) + ("; shading: lowest to highest seed" if several else "")
 
 
 def layer_curves(ax, df: pd.DataFrame, value: str, ends: dict[int, list[int]]) -> None:
@@ -218,7 +218,7 @@ def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
                       "paper, greedy SL (read off)"))
     shared_legend(figure, axes[0, 0], extra)
     first = probes.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {layer_seeds_text(probes)}.", probe_text(first))
+    footer(figure, f"{first['arch']}, {recipe}; {curve_seeds_text(probes)}.", probe_text(first))
     return figure
 
 
@@ -239,7 +239,7 @@ def fig10_mutual_information(mi: pd.DataFrame) -> Figure:
             layer_axis(ax, label)
     shared_legend(figure, axes[0, 0], [MODULE_END])
     first = mi.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {layer_seeds_text(mi)}.", mutual_info_text(first))
+    footer(figure, f"{first['arch']}, {recipe}; {curve_seeds_text(mi)}.", mutual_info_text(first))
     return figure
 
 
@@ -373,6 +373,64 @@ def fig_information_plane(mi: pd.DataFrame) -> Figure:
     first = mi.iloc[0]
     footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K'])}; each path is the mean over "
            f"seeds at each layer point, from the stem to the last layer (arrowhead).", mutual_info_text(first))
+    return figure
+
+
+UNFINISHED = (Line2D([], [], marker="o", ms=5, mfc="white", mec="black", ls=""), "unfinished run stops here")
+
+
+def epoch_curves(ax, rows: pd.DataFrame, value: str) -> None:
+    """One line per method: mean of `value` at each epoch over the seeds that reached it, shaded
+    from the lowest to the highest seed where there are several; an open marker where a
+    configuration's unfinished run stops."""
+    for method in (m for m in METHODS if m in set(rows["method"])):
+        group = rows[rows["method"] == method]
+        by_epoch = group.groupby("epoch")[value]
+        means = by_epoch.mean()
+        colour = METHODS[method][1]
+        ax.plot(means.index, means.values, color=colour, lw=1.2, label=METHODS[method][0])
+        if group["seed"].nunique() > 1:
+            ax.fill_between(means.index, by_epoch.min(), by_epoch.max(), color=colour, alpha=0.15, lw=0)
+        stops = sorted(set(group[~group["finished"]].groupby("run_id")["epoch"].max()))
+        ax.scatter(stops, means.loc[stops], s=26, color="white", edgecolor=colour, linewidth=1.2, zorder=3)
+
+
+def unfinished_text(curves: pd.DataFrame) -> str:
+    """Each unfinished run as "InfoPro (Contrast) K = 8 seed 0: epoch 91 of 160", for a footer."""
+    last = curves[~curves["finished"]].groupby(["method", "K", "seed", "epochs"])["epoch"].max()
+    return "; ".join(f"{METHODS[method][0]}{'' if K == 1 else f' K = {K}'} seed {seed}: epoch {epoch} of {epochs}"
+                     for (method, K, seed, epochs), epoch in last.items())
+
+
+@styled
+def fig_training_curves(curves: pd.DataFrame) -> Figure:
+    """Test and train error per epoch, one column per K with E2E beside every method at that K,
+    unfinished runs included (infopro.runs.training_curves). Table 2 and fig7 show final epochs
+    only; the curves show whether a configuration had converged, whether greedy SL's modules
+    underfit (its train error stays high where InfoPro's falls) and where an unfinished run
+    stands against the finished ones at the same epoch. Log-scaled errors, so the first epochs'
+    80 % and the last epochs' few per cent read on one axis."""
+    curves, recipe = figure_rows(curves)
+    column_ks = local_ks(curves)
+    figure, axes = new_figure(0.6 + 3.3 * len(column_ks), 6.9, 2, len(column_ks))
+    for column, K in enumerate(column_ks):
+        shown = curves[(curves["K"] == K) | (curves["method"] == "e2e")]
+        for ax, value, name in ((axes[0, column], "test_error", "test error"),
+                                (axes[1, column], "train_error", "train error")):
+            epoch_curves(ax, shown, value)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set(title=f"{name}, " + ("E2E" if K == 1 else f"K = {K}"), xlabel="epoch", ylabel=f"{name} (%)")
+    unfinished = curves[~curves["finished"]]
+    shared_legend(figure, axes, [UNFINISHED] if not unfinished.empty else [])
+    first = curves.iloc[0]
+    footer(figure, f"{first['arch']}, {recipe}; {curve_seeds_text(curves, 'line')}; each line is the "
+           "mean over the seeds that reached the epoch. Train error: the network's head on the epoch's augmented "
+           "batches as they were trained; test error: the whole test split after the epoch (metrics.csv).",
+           f"Unfinished: {unfinished_text(curves)}." if not unfinished.empty else "")
     return figure
 
 

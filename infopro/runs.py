@@ -68,16 +68,21 @@ class Run:
 
     def row(self) -> dict:
         """One flat record describing the run, for joining with analysis results."""
-        config, provenance = self.config, self.record["provenance"]
-        return {
-            "run_id": self.run_id, "dataset": config.dataset, "arch": config.arch, "regime": config.regime,
-            "task_loss": config.task_loss or "", "K": config.K, "split": config.split, "seed": config.seed,
-            "recipe": recipe_label(self.record), "epochs": config.epochs,
-            "train_images": self.record["dataset"]["train_size"],
-            "test_images": self.record["dataset"]["test_size"],
-            "run_commit": provenance["git_commit"], "run_device": provenance["device_name"],
-            "precision": config.precision,
-        }
+        return run_description(self.record)
+
+
+def run_description(record: dict) -> dict:
+    """One flat record describing a run, finished or not, from its config.json: what the analyses,
+    figures and tables group by and state. `epochs` is the schedule's length, not the epochs done."""
+    config, provenance = TrainConfig.from_dict(record["config"]), record["provenance"]
+    return {
+        "run_id": record["run_id"], "dataset": config.dataset, "arch": config.arch, "regime": config.regime,
+        "task_loss": config.task_loss or "", "K": config.K, "split": config.split, "seed": config.seed,
+        "recipe": recipe_label(record), "epochs": config.epochs,
+        "train_images": record["dataset"]["train_size"], "test_images": record["dataset"]["test_size"],
+        "run_commit": provenance["git_commit"], "run_device": provenance["device_name"],
+        "precision": config.precision,
+    }
 
 
 def recipe_label(record: dict) -> str:
@@ -136,6 +141,25 @@ def finished_runs(root, only: list[str] | None = None) -> list[Run]:
     if not runs:
         raise InfoProError(f"no finished run under {root}")
     return select_by_run_id(runs, only, lambda run: run.run_id, "finished run")
+
+
+CURVE_COLUMNS = ("epoch", "lr", "train_error", "test_error")  # what a training curve reads of metrics.csv
+
+
+def training_curves(root) -> pd.DataFrame:
+    """One row per epoch of every run below `root`, finished or not: the run's description, the
+    epoch's learning rate, train and test error, and `finished` (summary.json written). Unfinished
+    runs are what a grid between GPU leases mostly holds; their curves show where each stands."""
+    frames = []
+    for record_path in sorted(Path(root).glob("**/config.json")):
+        folder = record_path.parent
+        if not (folder / "metrics.csv").is_file():
+            continue
+        metrics = read_table(folder / "metrics.csv", "resume the run (experiments.train --resume) or train it again",
+                             CURVE_COLUMNS)
+        frames.append(metrics[list(CURVE_COLUMNS)].assign(**run_description(read_json(record_path, RECORD_KEYS)),
+                                                           finished=(folder / "summary.json").is_file()))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def runs_table(root) -> pd.DataFrame:

@@ -9,17 +9,17 @@ import matplotlib.pyplot as plt
 import nbformat
 import pandas as pd
 import pytest
-from matplotlib.collections import PolyCollection
+from matplotlib.collections import PathCollection, PolyCollection
 from nbclient import NotebookClient
 
 from conftest import REPO, run_cli, run_main
 from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis,
                              max_batch_path, recipe_rows, selection, table3_bench)
-from infopro.plots import (fig8_linear_probes, fig_information_plane, figure_rows, layer_table, main_recipe,
-                           with_method)
+from infopro.plots import (fig8_linear_probes, fig_information_plane, fig_training_curves, figure_rows, layer_table,
+                           main_recipe, with_method)
 from infopro.records import read_json
-from infopro.runs import find_runs, schedule_pairs
+from infopro.runs import find_runs, schedule_pairs, training_curves
 from infopro.tables import mean_std, schedule_check, table2, to_latex
 
 RESULTS = REPO / "results"
@@ -144,6 +144,7 @@ def test_notebooks_execute_headless(notebook):
 def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
     (tmp_path / "runs").mkdir()
     for target, maker in (("fig8", "make probes"), ("fig10", "make mutual-info"), ("fig7", "experiments.grid"),
+                          ("fig_curves", "experiments.grid"),
                           ("table_schedule", "grid cpu-schedule-check"), ("fig_schedule", "make schedule-analysis"),
                           ("table_paired", "make test-predictions"), ("table_e2e_gap", "make test-predictions")):
         result = run_main("analysis.build", target, "--results", str(tmp_path))
@@ -165,6 +166,8 @@ UNREADABLE = [  # (target, input, how it is damaged, what the one line says)
     ("table3", "bench/resnet110-b1024-fp32-nvidia-h100-80gb-hbm3.csv", lambda text: text + '"cut',
      "is empty, garbled or cut short (ParserError)"),
     ("table2", "reference/table2.csv", lambda text: "", "is empty"),
+    ("fig_curves", "runs/cifar10-jpeg-resnet32-infopro-contrast-K8-s0/metrics.csv", first_cell_blank,
+     "has a blank epoch in data row 1"),
     ("fig7", "runs/cifar10-jpeg-resnet32-e2e-K1-n10000-e12-b128-s0/summary.json",  # was a KeyError traceback
      lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "final_test_error"}),
      "lacks final_test_error"),
@@ -279,7 +282,8 @@ def test_a_target_of_a_named_network_draws_only_its_runs_beside_the_default(tmp_
     assert refused.stderr == "error: no run of resnet110 here; the networks in results are: resnet32\n"
     refused = run_main("analysis.build", "table3", "--results", str(results_copy), "--arch", "resnet32")
     assert refused.returncode == 2
-    assert refused.stderr == "error: --arch applies to fig7, fig8, fig10, fig_info_plane, table2, not table3\n"
+    assert refused.stderr == ("error: --arch applies to fig7, fig8, fig10, fig_info_plane, fig_curves, table2, "
+                              "not table3\n")
 
 
 def test_a_figure_of_a_named_recipe_draws_only_its_runs_beside_the_default_figure(results_copy):
@@ -296,7 +300,7 @@ def test_a_figure_of_a_named_recipe_draws_only_its_runs_beside_the_default_figur
                                              for suffix in (".png", ".pdf")]
     result = run_main("analysis.build", "table2", "--results", str(results_copy), "--recipe", "160 epochs")
     assert result.returncode == 2
-    assert result.stderr == "error: --recipe applies to fig7, fig8, fig10, fig_info_plane, not table2\n"
+    assert result.stderr == "error: --recipe applies to fig7, fig8, fig10, fig_info_plane, fig_curves, not table2\n"
 
 
 def test_table2_shows_every_recipe_beside_the_paper():
@@ -337,8 +341,8 @@ def test_probes_and_mutual_info_run_end_to_end_on_a_run(tmp_path):
     mi = pd.read_csv(results / "analysis" / "mutual_information.csv")
     assert list(probes["layer"]) == [1, 8, 16] and probes.loc[probes["layer"] == 8, "module_end"].item()
     assert list(mi["layer"]) == [1, 8, 16] and mi["ixy_normalised"].between(-1, 1).all()
-    make("fig8", "fig10", "fig_info_plane", "fig7", "table2")
-    for made in ("figures/fig10.pdf", "figures/fig_info_plane.png", "tables/table2.tex"):
+    make("fig8", "fig10", "fig_info_plane", "fig7", "fig_curves", "table2")
+    for made in ("figures/fig10.pdf", "figures/fig_info_plane.png", "figures/fig_curves.png", "tables/table2.tex"):
         assert (results / made).exists(), made
 
 
@@ -426,6 +430,51 @@ def test_the_information_plane_puts_every_method_of_a_k_beside_e2e_on_shared_axe
     alone = fig_information_plane(fixture[fixture["method"] == "e2e"])
     assert [ax.get_title() for ax in alone.axes] == ["E2E"] and len(alone.axes[0].get_lines()) == 1
     plt.close(alone)
+
+
+def test_training_curves_hold_every_epoch_of_finished_and_unfinished_runs(tmp_path):
+    """An unfinished run (metrics.csv, no summary.json) is read with the finished ones; a folder
+    whose run has not finished an epoch is left out."""
+    finished, unfinished = "cifar10-jpeg-resnet32-e2e-K1-s0", "cifar10-jpeg-resnet32-infopro-contrast-K8-s0"
+    for name in (finished, unfinished):
+        shutil.copytree(RESULTS / "runs" / name, tmp_path / name, ignore=shutil.ignore_patterns("*.pt"))
+    (tmp_path / "not-started").mkdir()
+    shutil.copy(RESULTS / "runs" / unfinished / "config.json", tmp_path / "not-started")
+    curves = training_curves(tmp_path)
+    stands = curves.groupby("run_id").agg(last=("epoch", "max"), rows=("epoch", "size"), finished=("finished", "all"))
+    assert stands.to_dict("index") == {finished: {"last": 160, "rows": 160, "finished": True},
+                                       unfinished: {"last": 91, "rows": 91, "finished": False}}
+    recorded = pd.read_csv(RESULTS / "runs" / unfinished / "metrics.csv")
+    assert list(curves.loc[curves["run_id"] == unfinished, "test_error"]) == list(recorded["test_error"])
+    assert set(curves["epochs"]) == {160} and set(curves["K"]) == {1, 8}
+
+
+def test_training_curves_average_the_seeds_that_reached_each_epoch_and_mark_where_unfinished_runs_stop():
+    """A second E2E seed stopped at epoch 50 (2 points above seed 0) moves the mean up to epoch 50
+    only; each unfinished run gets an open marker where it stops and a place in the footer."""
+    curves = training_curves(RESULTS / "runs")
+    gpu = curves[curves["epochs"] == 160]
+    e2e = gpu[gpu["regime"] == "e2e"]
+    second = e2e[e2e["epoch"] <= 50].assign(seed=1, run_id="e2e-seed-1", finished=False,
+                                           test_error=lambda rows: rows["test_error"] + 2)
+    figure = fig_training_curves(pd.concat([gpu, second]))
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles == [f"{error} error, K = {K}" for error in ("test", "train") for K in (2, 4, 8, 16)]
+    test_k2, test_k8 = figure.axes[0], figure.axes[2]
+    line = next(line for line in test_k2.get_lines() if line.get_label() == "E2E")
+    expected = e2e["test_error"].to_numpy() + [1.0 if epoch <= 50 else 0.0 for epoch in e2e["epoch"]]
+    assert list(line.get_ydata()) == pytest.approx(list(expected))
+    def stops(ax) -> list[tuple]:
+        return [tuple(point) for c in ax.collections if isinstance(c, PathCollection) for point in c.get_offsets()]
+
+    k8 = gpu[(gpu["K"] == 8) & (gpu["task_loss"] == "contrast")]
+    assert stops(test_k2) == [(50, pytest.approx(expected[49])), (53, pytest.approx(gpu.loc[
+        (gpu["K"] == 2) & (gpu["task_loss"] == "softmax"), "test_error"].iloc[-1]))]
+    assert stops(test_k8) == [(50, pytest.approx(expected[49])), (91, pytest.approx(k8["test_error"].iloc[-1]))]
+    footer = figure.texts[-1].get_text().replace("\n", " ")
+    assert "E2E seed 1: epoch 50 of 160" in footer and "InfoPro (Contrast) K = 8 seed 0: epoch 91 of 160" in footer
+    assert "n = 1-2 seeds per line" in footer
+    plt.close(figure)
 
 
 def test_the_notebooks_layer_table_keeps_recipes_apart_and_shows_e2e_and_greedy():
