@@ -1,7 +1,7 @@
 """Run a named grid of trainings (separate processes), skipping finished runs, resuming partial ones.
 
     python -m experiments.grid table2-resnet32 --seeds 0 1 2 --jobs 3 --time-budget 25 --out results/runs
-    python -m experiments.grid table2-resnet32 --status --out results/runs
+    python -m experiments.grid table2-resnet32 --dataset cifar10-jpeg --status   # the committed runs
     python -m experiments.grid cpu-fixture --seeds 2 --only K2- --out results/runs    # some configurations
     python -m experiments.grid cpu-fixture --data-root ../shared/data --out results/runs
     python -m experiments.grid table2-resnet32 --measure-jobs 1 2 3 4 6     # which --jobs fills the GPU
@@ -22,7 +22,7 @@ from pathlib import Path
 from infopro.bench import device_slug, write_measurement
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS, dataset_source
-from infopro.grid import GRIDS, RunsFailed, get_grid, measure_jobs, run_grid, run_state
+from infopro.grid import GRIDS, RunsFailed, get_grid, measure_jobs, run_grid, run_state, run_status
 from infopro.records import provenance
 from infopro.train import resolve_device
 
@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--data-root")
     p.add_argument("--out", default="results/runs", help="folder holding one directory per run")
-    p.add_argument("--status", action="store_true", help="list done / partial / missing runs and exit")
+    p.add_argument("--status", action="store_true", help="list done / partial / missing runs (test error, time left) and exit")
     p.add_argument("--measure-jobs", type=at_least(1), nargs="+", metavar="N",
                    help="measure aggregate images/s with N trainings at once (each N in turn) and exit")
     p.add_argument("--bench-out", default="results/bench", help="folder for the --measure-jobs CSV")
@@ -54,8 +54,7 @@ def main(argv=None):
     configs = grid.configs(args.seeds, args.only, **overrides)
     root = Path(args.out)
     if args.status:
-        for config in configs:
-            print(f"{run_state(config, root):<24} {config.run_id()}")
+        print_status(configs, root)
         return
     if args.measure_jobs:
         report_jobs(args, configs[0])
@@ -70,6 +69,17 @@ def main(argv=None):
     if outcome.failed:
         raise RunsFailed(f"{len(outcome.failed)} of {len(configs)} runs failed: {', '.join(outcome.failed)} "
                          f"(the last line of each is above; their logs are in {root / 'logs'})")
+
+
+def print_status(configs, root: Path) -> None:
+    """One line per run: its state, its id and, where there is one, its error or its time left;
+    then how many runs are in each state."""
+    states = []
+    for config in configs:
+        state, detail = run_status(config, root)
+        states.append(state.split(" ")[0])
+        print(f"{state:<24} {config.run_id()}" + (f": {detail}" if detail else ""))
+    print(", ".join(f"{states.count(state)} {state}" for state in ("done", "partial", "missing")))
 
 
 def report_jobs(args, config) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from infopro.cli import stop_children
 from infopro.errors import InfoProError
-from infopro.records import REPO_ROOT
+from infopro.records import REPO_ROOT, read_json, read_table
 from infopro.runs import last_epoch_images_per_second, select_by_run_id
 from infopro.train import TrainConfig
 
@@ -110,6 +110,25 @@ def run_state(config: TrainConfig, root: Path) -> str:
         epochs = max(0, len((run / "metrics.csv").read_text().strip().splitlines()) - 1)
         return f"partial ({epochs}/{config.epochs} epochs)"
     return "missing"
+
+
+def run_status(config: TrainConfig, root: Path) -> tuple[str, str]:
+    """The run's state (`run_state`) and what planning GPU time needs beside it: a finished run's
+    final test error; an unfinished run's minutes left at the pace of its last epoch (measured
+    on whatever machine, and with however many runs beside it, that epoch had)."""
+    state, run = run_state(config, root), root / config.run_id()
+    if state == "done":
+        error = read_json(run / "summary.json", ("final_test_error",))["final_test_error"]
+        return state, f"{error:.2f}% test error"
+    if state == "missing":
+        return state, ""
+    metrics = read_table(run / "metrics.csv", "resume the run (experiments.train --resume) or train it again",
+                         ("epoch_seconds",))
+    if metrics.empty:
+        return state, ""
+    seconds = metrics["epoch_seconds"].iloc[-1]
+    minutes = (config.epochs - len(metrics)) * seconds / 60
+    return state, f"about {minutes:.0f} min left at its last epoch's pace ({seconds:.1f} s)"
 
 
 def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float | None = None) -> list[str]:

@@ -1,6 +1,7 @@
 """The grid runner: separate processes, finished runs skipped, partial ones resumed, budgets kept."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -93,10 +94,31 @@ def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):
 def test_status_lists_every_run_of_the_grid(tmp_path):
     done = run_main("experiments.grid", "table2-resnet32", "--seeds", "1", "0", "1", "--status", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
+    *lines, counts = done.stdout.strip().splitlines()
     assert len(lines) == 26 and all(line.startswith("missing") for line in lines)  # seed 1 given twice runs once
+    assert counts == "0 done, 0 partial, 26 missing"
     assert lines[0].endswith("-s1") and lines[-5].endswith("-softmax-K16-s0")  # the seeds in the order given,
     assert lines[-1].endswith("-softmax-K16-s1")  # then softmax past the grid's first seed
+
+
+def test_status_gives_a_finished_runs_error_and_an_unfinished_runs_time_left(tmp_path):
+    """Planning a lease needs both: the committed K = 8 runs of seed 0, one finished, one not."""
+    committed = REPO / "results" / "runs"
+    for method in ("greedy", "infopro-contrast"):
+        name = f"cifar10-jpeg-resnet32-{method}-K8-s0"
+        shutil.copytree(committed / name, tmp_path / name, ignore=shutil.ignore_patterns("*.pt"))
+    status = run_main("experiments.grid", "table2-resnet32", "--dataset", "cifar10-jpeg", "--seeds", "0",
+                      "--only", "K8-", "--status", "--out", str(tmp_path))
+    assert status.returncode == 0, status.stderr
+    metrics = pd.read_csv(tmp_path / "cifar10-jpeg-resnet32-infopro-contrast-K8-s0" / "metrics.csv")
+    pace = metrics["epoch_seconds"].iloc[-1]
+    error = json.loads((tmp_path / "cifar10-jpeg-resnet32-greedy-K8-s0" / "summary.json").read_text())
+    assert status.stdout.splitlines() == [
+        f"done                     cifar10-jpeg-resnet32-greedy-K8-s0: {error['final_test_error']:.2f}% test error",
+        f"partial ({len(metrics)}/160 epochs)  cifar10-jpeg-resnet32-infopro-contrast-K8-s0: about "
+        f"{(160 - len(metrics)) * pace / 60:.0f} min left at its last epoch's pace ({pace:.1f} s)",
+        "missing                  cifar10-jpeg-resnet32-infopro-softmax-K8-s0",
+        "1 done, 1 partial, 1 missing"]
 
 
 def test_the_paper_grid_runs_softmax_past_seed_0_after_every_run_table2_needs():
@@ -131,7 +153,7 @@ def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
     chosen = run_main("experiments.grid", "cpu-fixture", "--seeds", "2", "--only", "K2-", "--status",
                       "--out", str(tmp_path))
     assert chosen.returncode == 0, chosen.stderr
-    assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()] == [
+    assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()[:-1]] == [
         f"cifar10-jpeg-resnet32-{method}-K2-n10000-e12-b128-s2"
         for method in ("greedy", "infopro-contrast", "infopro-softmax")]
     refused = run_main("experiments.grid", "cpu-fixture", "--only", "K3-", "--status", "--out", str(tmp_path))
