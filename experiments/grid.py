@@ -40,7 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--data-root")
     p.add_argument("--out", default="results/runs", help="folder holding one directory per run")
-    p.add_argument("--status", action="store_true", help="list done / partial / missing runs (test error, time left) and exit")
+    p.add_argument("--status", action="store_true",
+                   help="list done / partial / missing runs (test error, time left) and exit")
     p.add_argument("--measure-jobs", type=at_least(1), nargs="+", metavar="N",
                    help="measure aggregate images/s with N trainings at once (each N in turn) and exit")
     p.add_argument("--bench-out", default="results/bench", help="folder for the --measure-jobs CSV")

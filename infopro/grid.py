@@ -14,8 +14,8 @@ from pathlib import Path
 
 from infopro.cli import stop_children
 from infopro.errors import InfoProError
-from infopro.records import REPO_ROOT, read_json, read_table
-from infopro.runs import last_epoch_images_per_second, select_by_run_id
+from infopro.records import REPO_ROOT, read_json
+from infopro.runs import last_epoch_images_per_second, read_metrics, select_by_run_id
 from infopro.train import TrainConfig
 
 PAPER_KS = (2, 4, 8, 16)
@@ -122,8 +122,7 @@ def run_status(config: TrainConfig, root: Path) -> tuple[str, str]:
         return state, f"{error:.2f}% test error"
     if state == "missing":
         return state, ""
-    metrics = read_table(run / "metrics.csv", "resume the run (experiments.train --resume) or train it again",
-                         ("epoch_seconds",))
+    metrics = read_metrics(run, ("epoch_seconds",))
     if metrics.empty:
         return state, ""
     seconds = metrics["epoch_seconds"].iloc[-1]

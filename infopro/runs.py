@@ -93,9 +93,16 @@ def recipe_label(record: dict) -> str:
             f"{epochs} epoch{'s' if epochs != 1 else ''}, batch {config['batch_size']}")
 
 
+def read_metrics(run, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A run directory's metrics.csv, finished or not (one row per epoch done); damaged, or
+    without `columns`, it is one line saying how to make it again."""
+    return read_table(Path(run) / "metrics.csv", "resume the run (experiments.train --resume) or train it again",
+                      columns)
+
+
 def last_epoch_images_per_second(run) -> float:
     """Training images/s of a run directory's last epoch (finished or not): its steady speed."""
-    metrics = read_table(Path(run) / "metrics.csv", "train the run again", ("epoch_seconds",))
+    metrics = read_metrics(run, ("epoch_seconds",))
     images = read_json(Path(run) / "config.json")["dataset"]["train_size"]
     return images / metrics["epoch_seconds"].iloc[-1]
 
@@ -155,8 +162,7 @@ def training_curves(root) -> pd.DataFrame:
         folder = record_path.parent
         if not (folder / "metrics.csv").is_file():
             continue
-        metrics = read_table(folder / "metrics.csv", "resume the run (experiments.train --resume) or train it again",
-                             CURVE_COLUMNS)
+        metrics = read_metrics(folder, CURVE_COLUMNS)
         frames.append(metrics[list(CURVE_COLUMNS)].assign(**run_description(read_json(record_path, RECORD_KEYS)),
                                                            finished=(folder / "summary.json").is_file()))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
