@@ -24,10 +24,13 @@ ARCH ?=
 FIGURES = fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule
 TABLES = table2 table3 table_schedule table_paired table_e2e_gap
 BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)") $(if $(ARCH),--arch $(ARCH))
+# Importing torch, pandas and matplotlib costs seconds per process, so figures and tables named together
+# (`make fig7 fig8 table2`) are built in one process, by one of them; one a rule depends on is built alone.
+GOALS = $(sort $(filter $(FIGURES) $(TABLES),$(MAKECMDGOALS)))
 $(FIGURES) $(TABLES):
-	$(BUILD) $@
+	$(if $(filter $@,$(GOALS)),$(if $(filter $@,$(firstword $(GOALS))),$(BUILD) $(GOALS),@:),$(BUILD) $@)
 
-# One process each: importing torch, pandas and matplotlib costs seconds per process.
+# One process each.
 figures:
 	$(BUILD) $(FIGURES)
 
