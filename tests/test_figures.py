@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 import nbformat
 import pandas as pd
 import pytest
-from matplotlib.collections import PathCollection, PolyCollection
 from jupyter_client import KernelManager
+from matplotlib.collections import PathCollection, PolyCollection
 from nbclient import NotebookClient
 
 from conftest import REPO, run_main
@@ -490,6 +490,7 @@ def test_training_curves_average_the_seeds_that_reached_each_epoch_and_mark_wher
     line = next(line for line in test_k2.get_lines() if line.get_label() == "E2E")
     expected = e2e["test_error"].to_numpy() + [1.0 if epoch <= 50 else 0.0 for epoch in e2e["epoch"]]
     assert list(line.get_ydata()) == pytest.approx(list(expected))
+
     def stops(ax) -> list[tuple]:
         return [tuple(point) for c in ax.collections if isinstance(c, PathCollection) for point in c.get_offsets()]
 
