@@ -74,13 +74,22 @@ def main(argv=None):
 
 def print_status(configs, root: Path) -> None:
     """One line per run: its state, its id and, where there is one, its error or its time left;
-    then how many runs are in each state."""
-    states = []
-    for config in configs:
-        state, detail = run_status(config, root)
-        states.append(state.split(" ")[0])
-        print(f"{state:<24} {config.run_id()}" + (f": {detail}" if detail else ""))
+    then how many runs are in each state and the minutes of training left in all."""
+    statuses = [run_status(config, root) for config in configs]
+    for config, status in zip(configs, statuses):
+        print(f"{status.state:<24} {config.run_id()}" + (f": {status.detail}" if status.detail else ""))
+    states = [status.state.split(" ")[0] for status in statuses]
     print(", ".join(f"{states.count(state)} {state}" for state in ("done", "partial", "missing")))
+    print(time_left_line([status for status in statuses if status.state != "done"]))
+
+
+def time_left_line(unfinished) -> str:
+    """The sum of the unfinished runs' minutes left, and how many runs it cannot count."""
+    known = [status.minutes_left for status in unfinished if status.minutes_left is not None]
+    unknown = len(unfinished) - len(known)
+    parts = [f"about {sum(known):.0f} min of training left in {len(known)} runs, each at the pace given"] if known else []
+    parts += [f"{unknown} runs not timed (no seed of theirs has run an epoch)"] if unknown else []
+    return "; ".join(parts) or "nothing left to train"
 
 
 def report_jobs(args, config) -> None:

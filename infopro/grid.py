@@ -112,22 +112,48 @@ def run_state(config: TrainConfig, root: Path) -> str:
     return "missing"
 
 
-def run_status(config: TrainConfig, root: Path) -> tuple[str, str]:
-    """The run's state (`run_state`) and what planning GPU time needs beside it: a finished run's
-    final test error; an unfinished run's minutes left at the pace of its last epoch (measured
-    on whatever machine, and with however many runs beside it, that epoch had)."""
+@dataclass(frozen=True)
+class RunStatus:
+    """What planning GPU time needs of one run: its state (`run_state`), a finished run's test
+    error or an unfinished run's time left as text, and that time in minutes (None: not known)."""
+
+    state: str
+    detail: str = ""
+    minutes_left: float | None = None
+
+
+def run_status(config: TrainConfig, root: Path) -> RunStatus:
+    """A finished run's final test error; an unfinished run's minutes left at the pace of its last
+    epoch; a missing run's at the median epoch of the same configuration at another seed. Every
+    pace is as measured, on whatever machine and with however many runs beside it."""
     state, run = run_state(config, root), root / config.run_id()
     if state == "done":
         error = read_json(run / "summary.json", ("final_test_error",))["final_test_error"]
-        return state, f"{error:.2f}% test error"
+        return RunStatus(state, f"{error:.2f}% test error")
     if state == "missing":
-        return state, ""
+        return missing_run_status(config, root)
     metrics = read_metrics(run, ("epoch_seconds",))
     if metrics.empty:
-        return state, ""
+        return RunStatus(state)
     seconds = metrics["epoch_seconds"].iloc[-1]
     minutes = (config.epochs - len(metrics)) * seconds / 60
-    return state, f"about {minutes:.0f} min left at its last epoch's pace ({seconds:.1f} s)"
+    return RunStatus(state, f"about {minutes:.0f} min left at its last epoch's pace ({seconds:.1f} s)", minutes)
+
+
+def missing_run_status(config: TrainConfig, root: Path) -> RunStatus:
+    """A run not yet started, timed by the other seed of its configuration that ran the most epochs
+    (their median, which a few epochs on another machine do not move)."""
+    stem = config.run_id().rsplit("-s", 1)[0]
+    others = [run for run in sorted(root.glob(f"{stem}-s*")) if run.name.rsplit("-s", 1)[0] == stem
+              and run.name != config.run_id() and (run / "metrics.csv").exists()]
+    paces = {run.name: read_metrics(run, ("epoch_seconds",))["epoch_seconds"] for run in others}
+    paces = {name: seconds for name, seconds in paces.items() if len(seconds)}
+    if not paces:
+        return RunStatus("missing")
+    name = max(paces, key=lambda n: len(paces[n]))
+    seconds, seed = paces[name].median(), name.rsplit("-s", 1)[1]
+    minutes = config.epochs * seconds / 60
+    return RunStatus("missing", f"about {minutes:.0f} min at seed {seed}'s median epoch ({seconds:.1f} s)", minutes)
 
 
 def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float | None = None) -> list[str]:

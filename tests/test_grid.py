@@ -94,31 +94,42 @@ def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):
 def test_status_lists_every_run_of_the_grid(tmp_path):
     done = run_main("experiments.grid", "table2-resnet32", "--seeds", "1", "0", "1", "--status", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
-    *lines, counts = done.stdout.strip().splitlines()
+    *lines, counts, left = done.stdout.strip().splitlines()
     assert len(lines) == 26 and all(line.startswith("missing") for line in lines)  # seed 1 given twice runs once
     assert counts == "0 done, 0 partial, 26 missing"
+    assert left == "26 runs not timed (no seed of theirs has run an epoch)"
     assert lines[0].endswith("-s1") and lines[-5].endswith("-softmax-K16-s0")  # the seeds in the order given,
     assert lines[-1].endswith("-softmax-K16-s1")  # then softmax past the grid's first seed
 
 
-def test_status_gives_a_finished_runs_error_and_an_unfinished_runs_time_left(tmp_path):
-    """Planning a lease needs both: the committed K = 8 runs of seed 0, one finished, one not."""
+def test_status_gives_each_runs_error_or_time_left_and_the_time_left_in_all(tmp_path):
+    """Planning a lease needs all of it: the committed K = 8 runs of seed 0, one finished, one not;
+    seed 1's runs are timed by seed 0's median epoch, Softmax's not at all (no seed has run)."""
     committed = REPO / "results" / "runs"
     for method in ("greedy", "infopro-contrast"):
         name = f"cifar10-jpeg-resnet32-{method}-K8-s0"
         shutil.copytree(committed / name, tmp_path / name, ignore=shutil.ignore_patterns("*.pt"))
-    status = run_main("experiments.grid", "table2-resnet32", "--dataset", "cifar10-jpeg", "--seeds", "0",
+    status = run_main("experiments.grid", "table2-resnet32", "--dataset", "cifar10-jpeg", "--seeds", "0", "1",
                       "--only", "K8-", "--status", "--out", str(tmp_path))
     assert status.returncode == 0, status.stderr
-    metrics = pd.read_csv(tmp_path / "cifar10-jpeg-resnet32-infopro-contrast-K8-s0" / "metrics.csv")
-    pace = metrics["epoch_seconds"].iloc[-1]
+    greedy = pd.read_csv(tmp_path / "cifar10-jpeg-resnet32-greedy-K8-s0" / "metrics.csv")["epoch_seconds"]
+    contrast = pd.read_csv(tmp_path / "cifar10-jpeg-resnet32-infopro-contrast-K8-s0" / "metrics.csv")["epoch_seconds"]
+    pace, left = contrast.iloc[-1], (160 - len(contrast)) * contrast.iloc[-1] / 60
     error = json.loads((tmp_path / "cifar10-jpeg-resnet32-greedy-K8-s0" / "summary.json").read_text())
+    in_all = left + 160 * greedy.median() / 60 + 160 * contrast.median() / 60
     assert status.stdout.splitlines() == [
         f"done                     cifar10-jpeg-resnet32-greedy-K8-s0: {error['final_test_error']:.2f}% test error",
-        f"partial ({len(metrics)}/160 epochs)  cifar10-jpeg-resnet32-infopro-contrast-K8-s0: about "
-        f"{(160 - len(metrics)) * pace / 60:.0f} min left at its last epoch's pace ({pace:.1f} s)",
+        f"partial ({len(contrast)}/160 epochs)  cifar10-jpeg-resnet32-infopro-contrast-K8-s0: about "
+        f"{left:.0f} min left at its last epoch's pace ({pace:.1f} s)",
         "missing                  cifar10-jpeg-resnet32-infopro-softmax-K8-s0",
-        "1 done, 1 partial, 1 missing"]
+        f"missing                  cifar10-jpeg-resnet32-greedy-K8-s1: about {160 * greedy.median() / 60:.0f} min "
+        f"at seed 0's median epoch ({greedy.median():.1f} s)",
+        f"missing                  cifar10-jpeg-resnet32-infopro-contrast-K8-s1: about "
+        f"{160 * contrast.median() / 60:.0f} min at seed 0's median epoch ({contrast.median():.1f} s)",
+        "missing                  cifar10-jpeg-resnet32-infopro-softmax-K8-s1",
+        "1 done, 1 partial, 4 missing",
+        f"about {in_all:.0f} min of training left in 3 runs, each at the pace given; "
+        "2 runs not timed (no seed of theirs has run an epoch)"]
 
 
 def test_the_paper_grid_runs_softmax_past_seed_0_after_every_run_table2_needs():
