@@ -141,6 +141,21 @@ def test_committed_tables_are_rebuilt_unchanged_and_the_readme_shows_them(result
         assert (RESULTS / "tables" / f"{target}.md").read_text().strip() in readme, f"README's {target} is stale"
 
 
+def github_anchor(heading: str) -> str:
+    """The fragment GitHub gives a Markdown heading: lower case, punctuation but - and _ dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", ["README.md", "results/README.md"])
+def test_every_link_of_the_readmes_leads_somewhere(page):
+    """A section renamed or moved, or a figure renamed, would break its links without a word."""
+    text = (REPO / page).read_text()
+    anchors = {github_anchor(heading) for heading in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+    assert [anchor for anchor in re.findall(r"\]\(#([^)]+)\)", text) if anchor not in anchors] == []
+    paths = re.findall(r"\]\(([^)#:]+)\)", text)  # files of the repository, not web addresses
+    assert [path for path in paths if not (REPO / page).parent.joinpath(path).exists()] == []
+
+
 @pytest.fixture(scope="module")
 def kernel():
     """One Jupyter kernel for every notebook: starting one and importing torch, pandas and matplotlib
