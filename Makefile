@@ -9,12 +9,18 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: setup test fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
+.PHONY: help setup test status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
 
-setup:
+.DEFAULT_GOAL := help
+# `make` alone lists the targets: the text after `## ` on each rule's line.
+help:  ## this list
+	@awk -F':.*## ' '/^[a-z][a-z0-9_-]*:.*## / {printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@printf "  %-22s %s\n" "<figure or table>" "one of: $(FIGURES) $(TABLES) (RECIPE=, ARCH=: see the Makefile)"
+
+setup:  ## install the CPU torch and this package with its dev tools
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
 
-test:
+test:  ## run the tests (CPU only)
 	$(PYTHON) -m pytest
 
 # RECIPE (fig7, fig8, fig10, fig_info_plane, fig_curves): draw the recipe whose label contains it, e.g. RECIPE="160 epochs", as <target>-160-epochs.
@@ -31,23 +37,23 @@ $(FIGURES) $(TABLES):
 	$(if $(filter $@,$(GOALS)),$(if $(filter $@,$(firstword $(GOALS))),$(BUILD) $(GOALS),@:),$(BUILD) $@)
 
 # One process each.
-figures:
+figures:  ## every figure, from results/
 	$(BUILD) $(FIGURES)
 
-tables:
+tables:  ## every table, from results/
 	$(BUILD) $(TABLES)
 
 # Analyses of every finished run in results/runs (skips runs already in the CSV).
-probes:
+probes:  ## linear probes of every finished run not yet probed
 	$(PYTHON) -m analysis.probe --runs $(RESULTS)/runs --out $(RESULTS)/analysis/linear_probe.csv $(DATA) $(PROBE_ARGS)
 
-mutual-info:
+mutual-info:  ## I(h,x), I(h,y) of every finished run not yet estimated
 	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS)/runs --out $(RESULTS)/analysis/mutual_information.csv $(DATA) $(MI_ARGS)
 
 # Every network with committed weights (fixture and schedule check) scored image by image on its whole test split,
 # for table_paired and table_e2e_gap: the test images a run never used give a fresh test of InfoPro against greedy SL
 # and of each method against E2E. A run on the whole split without weights enters with its training's record.
-test-predictions:
+test-predictions:  ## every network with weights scored image by image
 	$(PYTHON) -m analysis.test_predictions --runs $(RESULTS) --out $(RESULTS)/analysis/test_predictions.csv $(DATA)
 
 # The schedule check's analysis (fig_schedule): probes and I(h,x), I(h,y) of its seed-1 runs of E2E and K = 4 and
@@ -56,23 +62,30 @@ test-predictions:
 SCHEDULE_RUNS ?= K1-n10000-e12-b128-s1 K4-n10000-e12-b128-s1 K1-n10000-e36-b128-s1 K4-n10000-e36-b128-s1 \
                  K8-n10000-e12-b128-s0 K8-n10000-e36-b128-s0 K16-n10000-e12-b128-s0 K16-n10000-e36-b128-s0 \
                  K2-n10000-e12-b128-s0 K2-n10000-e36-b128-s0
-schedule-analysis:
+schedule-analysis:  ## probes and I(h,x), I(h,y) of the schedule check's runs
 	$(PYTHON) -m analysis.probe --runs $(RESULTS) --only $(SCHEDULE_RUNS) --out $(RESULTS)/analysis/schedule-check/linear_probe.csv $(DATA) $(PROBE_ARGS)
 	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS) --only $(SCHEDULE_RUNS) --out $(RESULTS)/analysis/schedule-check/mutual_information.csv $(DATA) $(MI_ARGS)
 
 # Memory and speed of every method, each in a fresh process (default: ResNet-110, batch 1024).
-bench:
+bench:  ## memory and speed of every method (BENCH_ARGS)
 	$(PYTHON) -m experiments.bench --out $(RESULTS)/bench $(BENCH_ARGS)
 
 # Images/s of module-parallel training (one rank per module) vs the synchronous trainer, K = 2 and 4.
-bench-module-parallel:
+bench-module-parallel:  ## module-parallel against synchronous training, images/s
 	$(PYTHON) -m experiments.bench_module_parallel --out $(RESULTS)/bench $(MODULE_PARALLEL_ARGS)
 
 # Every GPU result, stage by stage within MINUTES; run it again to continue (DATA_ROOT: the cifar10-jpeg copy).
 MINUTES ?= 25
-reproduce:
+reproduce:  ## every GPU result, stage by stage within MINUTES
 	$(PYTHON) -m experiments.reproduce --time-budget $(MINUTES) --results $(RESULTS) $(DATA)
 
 # The small real fixture committed in results/ (CPU; needs the cifar10-jpeg copy in .data/ or DATA_ROOT).
-fixture:
+fixture:  ## the CPU fixture's runs (needs the cifar10-jpeg copy)
 	$(PYTHON) -m experiments.grid cpu-fixture --device cpu --out $(RESULTS)/runs $(DATA)
+
+# Where each run of GRID stands in results/runs: done (test error), partial or missing (minutes left), and in all.
+# DATASET: the committed runs are the JPEG copy's (cifar10-jpeg); a user's own runs of CIFAR-10 are cifar10's.
+GRID ?= table2-resnet32
+DATASET ?= cifar10-jpeg
+status:  ## where each run of GRID (default table2-resnet32) stands, and the training left
+	$(PYTHON) -m experiments.grid $(GRID) --dataset $(DATASET) --status --out $(RESULTS)/runs

@@ -65,6 +65,26 @@ def test_make_fig8_works_right_after_set_up(tmp_path):
     assert (tmp_path / "results" / "figures" / "fig8.png").stat().st_size > 10_000
 
 
+def test_make_alone_lists_every_target_with_what_it_does():
+    """A target added without its `## ` text on its rule's line would be left out of the list."""
+    listed = subprocess.run(["make"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    phony = re.search(r"^\.PHONY: (.*)$", (REPO / "Makefile").read_text(), flags=re.M).group(1).split()
+    described = {line.split()[0] for line in listed.stdout.splitlines() if len(line.split()) > 1}
+    assert sorted(set(phony) - set(TARGETS) - described) == []
+    assert all(f" {target} " in listed.stdout for target in TARGETS)
+
+
+def test_make_status_lists_the_grid_in_the_results_given(tmp_path):
+    (tmp_path / "runs").mkdir()
+    status = subprocess.run(["make", "-s", "status", f"RESULTS={tmp_path}", "GRID=cpu-fixture"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[-2:] == ["0 done, 0 partial, 13 missing",
+                                               "13 runs not timed (no seed of theirs has run an epoch)"]
+    assert "cifar10-jpeg-resnet32-e2e-K1-n10000-e12-b128-s0" in status.stdout  # the committed runs' dataset
+
+
 def test_make_builds_figures_and_tables_in_one_process_per_command():
     """`make -n` prints the commands without running them: `make figures tables` is one build of
     every figure and one of every table; targets named together are one build of them all, with
