@@ -164,7 +164,7 @@ def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
     chosen = run_main("experiments.grid", "cpu-fixture", "--seeds", "2", "--only", "K2-", "--status",
                       "--out", str(tmp_path))
     assert chosen.returncode == 0, chosen.stderr
-    assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()[:-1]] == [
+    assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()[:-2]] == [
         f"cifar10-jpeg-resnet32-{method}-K2-n10000-e12-b128-s2"
         for method in ("greedy", "infopro-contrast", "infopro-softmax")]
     refused = run_main("experiments.grid", "cpu-fixture", "--only", "K3-", "--status", "--out", str(tmp_path))
