@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from scipy.stats import binomtest
 
 from infopro.analysis import analysis_provenance
 from infopro.data import subset_indices
@@ -132,6 +131,7 @@ def replace_run(table: pd.DataFrame, row: dict) -> pd.DataFrame:
 def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray) -> dict:
     """How far B's error is below A's on the same images, with its paired standard error and
     McNemar's exact two-sided p-value (a binomial test on the images exactly one gets right)."""
+    from scipy.stats import binomtest  # 1 s to import, which every figure's process would pay for the tables' test
     only_a, only_b = int(np.sum(correct_a & ~correct_b)), int(np.sum(~correct_a & correct_b))
     n, discordant = len(correct_a), only_a + only_b
     return {
