@@ -87,9 +87,17 @@ def time_left_line(unfinished) -> str:
     """The sum of the unfinished runs' minutes left, and how many runs it cannot count."""
     known = [status.minutes_left for status in unfinished if status.minutes_left is not None]
     unknown = len(unfinished) - len(known)
-    parts = [f"about {sum(known):.0f} min of training left in {len(known)} runs, each at the pace given"] if known else []
-    parts += [f"{unknown} runs not timed (no seed of theirs has run an epoch)"] if unknown else []
+    parts = []
+    if known:
+        parts.append(f"about {sum(known):.0f} min of training left in {runs(len(known))}, each at the pace given")
+    if unknown:
+        parts.append(f"{runs(unknown)} not timed (no seed of theirs has run an epoch)")
     return "; ".join(parts) or "nothing left to train"
+
+
+def runs(n: int) -> str:
+    """'1 run', '2 runs'."""
+    return f"{n} run{'s' if n != 1 else ''}"
 
 
 def report_jobs(args, config) -> None:

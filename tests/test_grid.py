@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from conftest import REPO, assert_free, run_cli, run_main
-from infopro.grid import get_grid, measure_jobs, run_grid, run_state, train_command
+from experiments.grid import time_left_line
+from infopro.grid import RunStatus, get_grid, measure_jobs, run_grid, run_state, train_command
 from infopro.plots import method_key
 from infopro.tables import TABLE3_METHODS, run_of_method
 from infopro.train import TrainConfig, train
@@ -130,6 +131,15 @@ def test_status_gives_each_runs_error_or_time_left_and_the_time_left_in_all(tmp_
         "1 done, 1 partial, 4 missing",
         f"about {in_all:.0f} min of training left in 3 runs, each at the pace given; "
         "2 runs not timed (no seed of theirs has run an epoch)"]
+
+
+def test_the_time_left_counts_the_runs_it_can_time_and_says_how_many_it_cannot():
+    partial, timed, untimed = RunStatus("partial (1/2 epochs)", "", 1.4), RunStatus("missing", "", 2.0), \
+        RunStatus("missing")
+    assert time_left_line([partial, timed, untimed]) == ("about 3 min of training left in 2 runs, each at the pace "
+                                                         "given; 1 run not timed (no seed of theirs has run an epoch)")
+    assert time_left_line([timed]) == "about 2 min of training left in 1 run, each at the pace given"
+    assert time_left_line([]) == "nothing left to train"
 
 
 def test_the_paper_grid_runs_softmax_past_seed_0_after_every_run_table2_needs():
