@@ -16,7 +16,7 @@ from infopro.plots import method_key
 from infopro.tables import TABLE3_METHODS, run_of_method
 from infopro.train import TrainConfig, train
 
-TINY = dict(dataset="synthetic", train_subset=200, test_subset=100, epochs=2, batch_size=100, lr=0.05,
+TINY = dict(dataset="synthetic", train_subset=100, test_subset=50, epochs=2, batch_size=50, lr=0.05,
             warmup_epochs=0)
 CONFIGS = [TrainConfig(regime="e2e", **TINY), TrainConfig(regime="greedy", K=2, **TINY)]
 

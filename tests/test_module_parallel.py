@@ -21,7 +21,7 @@ from infopro.distributed import spawn_ranks
 from infopro.module_parallel import ideal_speedup
 from infopro.train import TrainConfig, train
 
-SMALL = dict(dataset="synthetic", train_subset=320, test_subset=128, epochs=2, batch_size=64, lr=0.05,
+SMALL = dict(dataset="synthetic", train_subset=192, test_subset=64, epochs=2, batch_size=64, lr=0.05,
              warmup_epochs=0)
 
 
@@ -163,8 +163,8 @@ def ranks_of(pid: int) -> list[int]:
 def test_a_stopped_pipeline_ends_in_one_line_with_no_rank_left_holding_its_run(tmp_path, stop, code, line):
     run = tmp_path / "run"
     job = subprocess.Popen([sys.executable, "-m", "experiments.train_pipeline", "--regime", "greedy", "--K", "2",
-                            "--dataset", "synthetic", "--train-subset", "200", "--test-subset", "100", "--epochs", "1000",
-                            "--batch-size", "100", "--warmup-epochs", "0", "--device", "cpu", "--out", str(run)],
+                            "--dataset", "synthetic", "--train-subset", "100", "--test-subset", "50", "--epochs", "1000",
+                            "--batch-size", "50", "--warmup-epochs", "0", "--device", "cpu", "--out", str(run)],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     began = time.monotonic()
     while not (run / "metrics.csv").exists() and time.monotonic() - began < 120:  # the ranks are training
