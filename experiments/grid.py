@@ -24,7 +24,7 @@ from pathlib import Path
 from infopro.bench import device_slug, write_measurement
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS, dataset_source
-from infopro.grid import GRIDS, RunsFailed, get_grid, measure_jobs, run_grid, run_state, run_status
+from infopro.grid import GRIDS, RunsFailed, get_grid, measure_jobs, run_grid, run_state, run_status, status_summary
 from infopro.records import provenance
 from infopro.train import resolve_device
 
@@ -80,26 +80,7 @@ def print_status(configs, root: Path) -> None:
     statuses = [run_status(config, root) for config in configs]
     for config, status in zip(configs, statuses):
         print(f"{status.state:<24} {config.run_id()}" + (f": {status.detail}" if status.detail else ""))
-    states = [status.state.split(" ")[0] for status in statuses]
-    print(", ".join(f"{states.count(state)} {state}" for state in ("done", "partial", "missing")))
-    print(time_left_line([status for status in statuses if status.state != "done"]))
-
-
-def time_left_line(unfinished) -> str:
-    """The sum of the unfinished runs' minutes left, and how many runs it cannot count."""
-    known = [status.minutes_left for status in unfinished if status.minutes_left is not None]
-    unknown = len(unfinished) - len(known)
-    parts = []
-    if known:
-        parts.append(f"about {sum(known):.0f} min of training left in {runs(len(known))}, each at the pace given")
-    if unknown:
-        parts.append(f"{runs(unknown)} not timed (no seed of theirs has run an epoch)")
-    return "; ".join(parts) or "nothing left to train"
-
-
-def runs(n: int) -> str:
-    """'1 run', '2 runs'."""
-    return f"{n} run{'s' if n != 1 else ''}"
+    print("\n".join(status_summary(statuses)))
 
 
 def report_jobs(args, config) -> None:

@@ -1,7 +1,7 @@
 """Every result of this repository that needs a GPU, in order of value, within a time budget; call again to continue.
 
     python -m experiments.reproduce --time-budget 25 --data-root .data   # one GPU lease
-    python -m experiments.reproduce --plan                                # which stages are done
+    python -m experiments.reproduce --plan                                # which stages are done, the grid's time left
     python -m experiments.reproduce --time-budget 8 --pack-to $OUT ...    # then pack what this call wrote
     INFOPRO_GIT_COMMIT=<sha> INFOPRO_GIT_DIRTY=0 python -m experiments.reproduce ...  # a copy without .git (or a stale one)
 
@@ -41,6 +41,8 @@ def main(argv=None):
     if args.plan:
         for stage in plan:
             print(f"{'done' if stage.done() else 'to do':<6} {stage.name:<16} {stage.description}")
+            for line in stage.progress():
+                print(f"{'':<23} {line}")
         return
     if args.time_budget is None:
         raise InfoProError("give --time-budget MIN (the minutes this GPU is yours), or --plan")
@@ -48,6 +50,9 @@ def main(argv=None):
     check_code_is_named(git_state())
     began = time.time()
     failed = run_stages(plan, args.time_budget)
+    for stage in plan:
+        for line in stage.progress():
+            print(f"[{stage.name}] {line}")
     if args.pack_to:
         results = Path(args.results).resolve()
         for part in pack(results_since(results, began), results.parent, Path(args.pack_to),

@@ -156,6 +156,30 @@ def missing_run_status(config: TrainConfig, root: Path) -> RunStatus:
     return RunStatus("missing", f"about {minutes:.0f} min at seed {seed}'s median epoch ({seconds:.1f} s)", minutes)
 
 
+def status_summary(statuses: list[RunStatus]) -> list[str]:
+    """Two lines on a grid's runs: how many are done, partial and missing, and the training left."""
+    states = [status.state.split(" ")[0] for status in statuses]
+    counts = ", ".join(f"{states.count(state)} {state}" for state in ("done", "partial", "missing"))
+    return [counts, time_left_line([status for status in statuses if status.state != "done"])]
+
+
+def time_left_line(unfinished: list[RunStatus]) -> str:
+    """The sum of the unfinished runs' minutes left, and how many runs it cannot count."""
+    known = [status.minutes_left for status in unfinished if status.minutes_left is not None]
+    unknown = len(unfinished) - len(known)
+    parts = []
+    if known:
+        parts.append(f"about {sum(known):.0f} min of training left in {runs(len(known))}, each at the pace given")
+    if unknown:
+        parts.append(f"{runs(unknown)} not timed (no seed of theirs has run an epoch)")
+    return "; ".join(parts) or "nothing left to train"
+
+
+def runs(n: int) -> str:
+    """'1 run', '2 runs'."""
+    return f"{n} run{'s' if n != 1 else ''}"
+
+
 def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float | None = None) -> list[str]:
     """The `experiments.train` command line that runs (or resumes) `config` into `out`.
 

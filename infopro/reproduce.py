@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infopro.cli import call
-from infopro.grid import get_grid, run_state
+from infopro.grid import get_grid, run_state, run_status, status_summary
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
 
@@ -30,13 +30,15 @@ MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
 @dataclass(frozen=True)
 class Stage:
     """One piece of GPU work: `done()` says whether its results exist; `command(minutes_left)`
-    is the command line that makes them; it is started only with at least `minutes` left."""
+    is the command line that makes them; it is started only with at least `minutes` left.
+    `progress()` says how far a stage done over several calls has come (no lines: nothing to say)."""
 
     name: str
     description: str
     done: Callable[[], bool]
     command: Callable[[float], list[str]]
     minutes: float
+    progress: Callable[[], list[str]] = lambda: []
 
 
 def gpu_files(folder: Path, pattern: str) -> list[Path]:
@@ -88,7 +90,8 @@ def stages(results: Path, data_root: str | None) -> list[Stage]:
               lambda: all(run_state(config, runs) == "done" for config in grid),
               lambda left: python + ["experiments.grid", GRID, *data, "--jobs", str(best_jobs(bench)),
                                      "--time-budget", f"{left:.1f}", "--out", str(runs)],
-              minutes=2),
+              minutes=2,
+              progress=lambda: status_summary([run_status(config, runs) for config in grid])),
     ]
 
 

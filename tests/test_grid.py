@@ -10,8 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from conftest import REPO, assert_free, run_cli, run_main
-from experiments.grid import time_left_line
-from infopro.grid import RunStatus, get_grid, measure_jobs, run_grid, run_state, train_command
+from infopro.grid import RunStatus, get_grid, measure_jobs, run_grid, run_state, time_left_line, train_command
 from infopro.plots import method_key
 from infopro.tables import TABLE3_METHODS, run_of_method
 from infopro.train import TrainConfig, train

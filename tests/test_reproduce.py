@@ -56,11 +56,25 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
 
 def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
-    assert result.returncode == 0 and len(result.stdout.splitlines()) == 5
-    assert all(line.startswith("to do") for line in result.stdout.splitlines())
+    *stage_lines, counts, left = result.stdout.splitlines()
+    assert result.returncode == 0 and len(stage_lines) == 5
+    assert all(line.startswith("to do") for line in stage_lines)
+    assert (counts.strip(), left.strip()) == ("0 done, 0 partial, 39 missing",
+                                              "39 runs not timed (no seed of theirs has run an epoch)")
     for args, message in (([], "--time-budget"), (["--time-budget", "5"], "no CUDA device")):
         result = run_main("experiments.reproduce", *args, "--results", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_plan_says_what_the_grid_status_says_is_left_of_the_committed_grid():
+    """One command to plan a lease with: the grid stage ends with `grid --status`'s two totals."""
+    results = REPO / "results"
+    plan = run_main("experiments.reproduce", "--plan", "--results", str(results))
+    status = run_main("experiments.grid", "table2-resnet32", "--dataset", "cifar10-jpeg", "--status",
+                      "--out", str(results / "runs"))
+    assert plan.returncode == status.returncode == 0
+    assert plan.stdout.splitlines()[-3].startswith("to do  table2")
+    assert [line.strip() for line in plan.stdout.splitlines()[-2:]] == status.stdout.splitlines()[-2:]
 
 
 def test_every_stage_command_is_accepted_by_its_entry_point_with_absolute_paths(tmp_path, monkeypatch):
