@@ -111,7 +111,8 @@ def test_every_method_orders_memory_as_theory_says():
 
 def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     result = run_cli("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods", "e2e",
-                     "infopro:2", "offload", "--measure", "steps", "pipeline", "--out", str(tmp_path))
+                     "infopro:2", "offload", "--measure", "steps", "pipeline", "--pipeline-images", "128",
+                     "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     table = pd.read_csv(tmp_path / "resnet32-b32-fp32-cpu.csv").set_index("method")
     assert list(table.index) == ["e2e", "infopro:2", "offload"]

@@ -68,7 +68,7 @@ def test_a_grid_started_elsewhere_trains_into_the_folders_it_was_given(tmp_path,
 
 def test_the_command_line_refuses_missing_data_before_any_run_and_fails_when_a_run_fails(tmp_path):
     grid = ["experiments.grid", "cpu-fixture", "--only", "e2e", "--seeds", "0", "--device", "cpu"]
-    missing = run_cli(*grid, "--data-root", str(tmp_path / "nothing"), "--out", str(tmp_path / "a"))
+    missing = run_main(*grid, "--data-root", str(tmp_path / "nothing"), "--out", str(tmp_path / "a"))
     assert missing.returncode == 2 and missing.stderr.startswith("error: cifar10-jpeg not found in")
     assert len(missing.stderr.splitlines()) == 1 and not (tmp_path / "a").exists()
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_cli, run_main
 from infopro.errors import DataError, InfoProError
 from infopro.retrain import retrain
 from infopro.runs import load_run
@@ -126,7 +126,7 @@ def test_cli_exit_codes(finished, tmp_path):
 
     (path / "summary.json").write_text("{")
     for bad, message in ((tmp_path, "not a finished run directory"), (path, "summary.json is not valid JSON")):
-        result = run_cli("experiments.retrain", str(bad), *work)
+        result = run_main("experiments.retrain", str(bad), *work)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 

@@ -215,8 +215,8 @@ def test_a_file_where_the_output_folder_must_be_is_one_line(entry_point, args, m
 
 def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
     (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"\x1f\x8b broken")
-    result = run_cli("experiments.train", "--regime", "e2e", "--dataset", "cifar10",
-                     "--data-root", str(tmp_path), "--out", str(tmp_path / "a"))
+    result = run_main("experiments.train", "--regime", "e2e", "--dataset", "cifar10",
+                      "--data-root", str(tmp_path), "--out", str(tmp_path / "a"))
     assert result.returncode == 2 and "corrupt archive" in result.stderr
     result = run_cli("experiments.train", "--regime", "e2e", "--dataset", "synthetic", "--lr", "1e30",
                      "--warmup-epochs", "0", "--epochs", "2", "--train-subset", "128", "--test-subset", "32",
