@@ -50,14 +50,14 @@ def main(argv=None):
     check_code_is_named(git_state())
     began = time.time()
     failed = run_stages(plan, args.time_budget)
-    for stage in plan:
-        for line in stage.progress():
-            print(f"[{stage.name}] {line}")
-    if args.pack_to:
+    if args.pack_to:  # first: what this call made must come home even if what follows fails
         results = Path(args.results).resolve()
         for part in pack(results_since(results, began), results.parent, Path(args.pack_to),
                          int(args.pack_mib * 2**20)):
             print(f"packed {part}")
+    for stage in plan:
+        for line in stage.progress():
+            print(f"[{stage.name}] {line}")
     if failed:
         raise InfoProError(f"stages that failed: {', '.join(failed)} (their output is above)")
 

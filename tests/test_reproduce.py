@@ -2,9 +2,11 @@
 
 import importlib
 import os
+import shutil
 import sys
 import tarfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -75,6 +77,30 @@ def test_the_plan_says_what_the_grid_status_says_is_left_of_the_committed_grid()
     assert plan.returncode == status.returncode == 0
     assert plan.stdout.splitlines()[-3].startswith("to do  table2")
     assert [line.strip() for line in plan.stdout.splitlines()[-2:]] == status.stdout.splitlines()[-2:]
+
+
+def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch, capsys):
+    """The totals come last: a lease's results must be packed even when they cannot be read back."""
+    import experiments.reproduce as reproduce
+    results, parts = tmp_path / "results", tmp_path / "out"
+    (results / "runs").mkdir(parents=True)
+    made = python_stage("table2", f"open({str(results / 'runs' / 'r.csv')!r}, 'w').write('1')")
+    monkeypatch.setattr(reproduce, "resolve_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(reproduce, "git_state", lambda: {"git_commit": "0123456789abcdef", "git_dirty": False})
+    call = ["--time-budget", "1", "--results", str(results), "--pack-to", str(parts)]
+
+    monkeypatch.setattr(reproduce, "stages", lambda *args: [replace(made, progress=lambda: ["1 done"])])
+    reproduce.main(call)
+    assert capsys.readouterr().out.splitlines()[-2:] == [f"packed {parts / 'results-1.tar'}", "[table2] 1 done"]
+
+    def unreadable():
+        raise InfoProError("unreadable")
+
+    shutil.rmtree(parts)
+    monkeypatch.setattr(reproduce, "stages", lambda *args: [replace(made, progress=unreadable)])
+    with pytest.raises(InfoProError, match="unreadable"):
+        reproduce.main(call)
+    assert [path.name for path in parts.iterdir()] == ["results-1.tar"]
 
 
 def test_every_stage_command_is_accepted_by_its_entry_point_with_absolute_paths(tmp_path, monkeypatch):
