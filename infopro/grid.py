@@ -169,13 +169,13 @@ def time_left_line(unfinished: list[RunStatus]) -> str:
     unknown = len(unfinished) - len(known)
     parts = []
     if known:
-        parts.append(f"about {sum(known):.0f} min of training left in {runs(len(known))}, each at the pace given")
+        parts.append(f"about {sum(known):.0f} min of training left in {run_count(len(known))}, each at the pace given")
     if unknown:
-        parts.append(f"{runs(unknown)} not timed (no seed of theirs has run an epoch)")
+        parts.append(f"{run_count(unknown)} not timed (no seed of theirs has run an epoch)")
     return "; ".join(parts) or "nothing left to train"
 
 
-def runs(n: int) -> str:
+def run_count(n: int) -> str:
     """'1 run', '2 runs'."""
     return f"{n} run{'s' if n != 1 else ''}"
 
