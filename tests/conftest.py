@@ -6,6 +6,7 @@ import io
 import os
 import pickle
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,3 +111,13 @@ def assert_free(run: Path) -> None:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(descriptor)
+
+
+def unfinished_copy(run: Path, to: Path, epochs: int) -> pd.DataFrame:
+    """A committed run as if it had stopped after `epochs` epochs (no weights, no summary.json,
+    metrics.csv cut back), so that a test of unfinished runs holds however far the committed grid
+    has got. Returns the metrics kept."""
+    shutil.copytree(run, to, ignore=shutil.ignore_patterns("*.pt", "summary.json"))
+    metrics = pd.read_csv(run / "metrics.csv").head(epochs)
+    metrics.to_csv(to / "metrics.csv", index=False)
+    return metrics

@@ -13,7 +13,7 @@ from jupyter_client import KernelManager
 from matplotlib.collections import PathCollection, PolyCollection
 from nbclient import NotebookClient
 
-from conftest import REPO, run_main
+from conftest import REPO, run_main, unfinished_copy
 from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis,
                              max_batch_path, recipe_rows, selection, table3_bench)
@@ -499,10 +499,7 @@ def test_training_curves_hold_every_epoch_of_finished_and_unfinished_runs(tmp_pa
     to its first 91 epochs, so the test does not depend on how far the committed grid has got."""
     finished, unfinished = "cifar10-jpeg-resnet32-e2e-K1-s0", "cifar10-jpeg-resnet32-greedy-K8-s0"
     shutil.copytree(RESULTS / "runs" / finished, tmp_path / finished, ignore=shutil.ignore_patterns("*.pt"))
-    shutil.copytree(RESULTS / "runs" / unfinished, tmp_path / unfinished,
-                    ignore=shutil.ignore_patterns("*.pt", "summary.json"))
-    recorded = pd.read_csv(RESULTS / "runs" / unfinished / "metrics.csv").head(91)
-    recorded.to_csv(tmp_path / unfinished / "metrics.csv", index=False)
+    recorded = unfinished_copy(RESULTS / "runs" / unfinished, tmp_path / unfinished, 91)
     (tmp_path / "not-started").mkdir()
     shutil.copy(RESULTS / "runs" / unfinished / "config.json", tmp_path / "not-started")
     curves = training_curves(tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from conftest import REPO, assert_free, run_cli, run_main
+from conftest import REPO, assert_free, run_cli, run_main, unfinished_copy
 from infopro.grid import RunStatus, get_grid, measure_jobs, run_grid, run_state, time_left_line, train_command
 from infopro.plots import method_key
 from infopro.tables import TABLE3_METHODS, run_of_method
@@ -107,12 +107,9 @@ def test_status_gives_each_runs_error_or_time_left_and_the_time_left_in_all(tmp_
     (cut back to its first 91 epochs, however far the committed grid has got); seed 1's runs are
     timed by seed 0's median epoch, Softmax's not at all (no seed has run)."""
     committed = REPO / "results" / "runs"
-    for method in ("greedy", "infopro-contrast"):
-        name = f"cifar10-jpeg-resnet32-{method}-K8-s0"
-        shutil.copytree(committed / name, tmp_path / name, ignore=shutil.ignore_patterns("*.pt"))
-    unfinished = tmp_path / "cifar10-jpeg-resnet32-infopro-contrast-K8-s0"
-    (unfinished / "summary.json").unlink(missing_ok=True)
-    pd.read_csv(unfinished / "metrics.csv").head(91).to_csv(unfinished / "metrics.csv", index=False)
+    finished, unfinished = "cifar10-jpeg-resnet32-greedy-K8-s0", "cifar10-jpeg-resnet32-infopro-contrast-K8-s0"
+    shutil.copytree(committed / finished, tmp_path / finished, ignore=shutil.ignore_patterns("*.pt"))
+    unfinished_copy(committed / unfinished, tmp_path / unfinished, 91)
     status = run_main("experiments.grid", "table2-resnet32", "--dataset", "cifar10-jpeg", "--seeds", "0", "1",
                       "--only", "K8-", "--status", "--out", str(tmp_path))
     assert status.returncode == 0, status.stderr
