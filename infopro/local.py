@@ -53,9 +53,21 @@ class Decoder(nn.Module):
 
     def forward(self, h):
         if h.shape[-1] != self.image_size:  # at full size bilinear up-sampling is the identity
-            h = F.interpolate(h, size=(self.image_size, self.image_size), mode="bilinear",
-                              align_corners=True)
+            h = upsample(h, self.image_size)
         return self.body(h)
+
+
+def upsample(h: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear (corner-aligned) up-sampling of h to size x size, returned in h's memory format.
+
+    It runs channels-last: on the CPU PyTorch's channels-last kernel is several times faster
+    than its NCHW one, forward and backward, and gives the same numbers bit for bit, so CPU
+    runs trained before this still replay exactly. On CUDA h is channels-last already.
+    """
+    channels_last = h.is_contiguous(memory_format=torch.channels_last)
+    up = F.interpolate(h.contiguous(memory_format=torch.channels_last), size=(size, size),
+                       mode="bilinear", align_corners=True)
+    return up if channels_last else up.contiguous()
 
 
 def reconstruction_loss(logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

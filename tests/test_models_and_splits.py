@@ -75,3 +75,22 @@ def test_auxiliary_head_and_decoder_match_the_paper():
     decoder = Decoder(32)
     assert decoder(torch.randn(2, 32, 16, 16)).shape == (2, 3, 32, 32)
     assert [m.out_channels for m in decoder.modules() if isinstance(m, torch.nn.Conv2d)] == [12, 3]
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_decoder_upsampling_is_corner_aligned_bilinear_bit_for_bit(memory_format):
+    """The decoder up-samples channels-last for speed; its numbers, forward and backward, must
+    be exactly those of NCHW corner-aligned bilinear interpolation, which CPU runs were trained
+    with, and it must hand the convolution the memory format it was given."""
+    import torch.nn.functional as F
+    from infopro.local import upsample
+    h = torch.randn(3, 16, 8, 8, generator=torch.Generator().manual_seed(0))
+    grad = torch.randn(3, 16, 32, 32, generator=torch.Generator().manual_seed(1))
+    reference_h = h.clone().requires_grad_()
+    reference = F.interpolate(reference_h, size=(32, 32), mode="bilinear", align_corners=True)
+    reference.backward(grad)
+    ours_h = h.contiguous(memory_format=memory_format).requires_grad_()
+    ours = upsample(ours_h, 32)
+    ours.backward(grad)
+    assert ours.is_contiguous(memory_format=memory_format)
+    assert torch.equal(ours, reference) and torch.equal(ours_h.grad, reference_h.grad)
