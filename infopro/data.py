@@ -13,6 +13,7 @@ each batch is cropped, flipped and normalised there with a single gather: no Dat
 no per-sample Python, which is what makes an epoch take well under a second on a GPU.
 """
 
+import functools
 import hashlib
 import io
 import os
@@ -390,9 +391,20 @@ def to_unit(images: torch.Tensor) -> torch.Tensor:
 
 def normalise(unit: torch.Tensor) -> torch.Tensor:
     """The paper's per-channel standardisation of [0, 1] images: the network's input."""
-    mean = torch.tensor(MEAN, device=unit.device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=unit.device).view(1, 3, 1, 1)
+    mean, std = channel_statistics(unit.device)
     return (unit - mean) / std
+
+
+@functools.cache
+def channel_statistics(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """MEAN and STD as (1, 3, 1, 1) tensors on `device`, made once per device.
+
+    Copying them from host memory at every step would make CUDA wait for the GPU to finish its
+    queue (a stream sync) before each batch. Made outside inference mode, so that a first call
+    from evaluation does not give training tensors it cannot save for backward.
+    """
+    with torch.inference_mode(False):
+        return tuple(torch.tensor(values, device=device).view(1, 3, 1, 1) for values in (MEAN, STD))
 
 
 def augmented_batch(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -112,12 +112,12 @@ def supervised_contrastive_loss(embedding: torch.Tensor, labels: torch.Tensor,
     if gather_batch is not None:
         (batch_z, batch_labels), offset = gather_batch(z, labels)
     logits = z @ batch_z.T / temperature
-    n = len(labels)
-    not_self = torch.ones_like(logits, dtype=torch.bool)
-    not_self[torch.arange(n), offset + torch.arange(n)] = False
+    # Each anchor's own column, compared on the device: indexing with host tensors would sync CUDA.
+    anchors = offset + torch.arange(len(labels), device=z.device)
+    is_self = anchors[:, None] == torch.arange(len(batch_labels), device=z.device)[None, :]
     logits = logits - logits.detach().max(dim=1, keepdim=True).values
-    log_prob = logits - torch.logsumexp(logits.masked_fill(~not_self, float("-inf")), dim=1, keepdim=True)
-    positives = (labels[:, None] == batch_labels[None, :]) & not_self
+    log_prob = logits - torch.logsumexp(logits.masked_fill(is_self, float("-inf")), dim=1, keepdim=True)
+    positives = (labels[:, None] == batch_labels[None, :]) & ~is_self
     count = positives.sum(1)
     mean_log_prob = (log_prob * positives).sum(1) / count.clamp(min=1)
     return -mean_log_prob.mean()

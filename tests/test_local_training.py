@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from infopro.local import supervised_contrastive_loss
 from infopro.memory import SavedActivations
@@ -124,6 +125,51 @@ def test_supervised_contrastive_loss_on_known_geometry():
     assert torch.isclose(supervised_contrastive_loss(equal, labels, temperature=1.0), torch.log(torch.tensor(3.0)))
     # Anchors without a positive contribute 0 to the mean.
     assert supervised_contrastive_loss(equal, torch.tensor([0, 1, 2, 3])) == 0
+
+
+def tensors_in(value) -> list[torch.Tensor]:
+    """The tensors among a call's arguments or results, however nested in tuples, lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in tensors_in(item)]
+    if isinstance(value, dict):
+        return tensors_in(list(value.values()))
+    return []
+
+
+class HostToDevice(TorchFunctionMode):
+    """Records each call that brings host data onto the device: a host tensor used with device
+    tensors (an index, an operand, a `.to(device)`), or a tensor built from Python data there.
+
+    On CUDA each such copy waits for the GPU to drain its queue (a stream sync), so the CPU can
+    no longer launch ahead of the GPU; on the meta device the calls are cheap and still visible.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        inputs, outputs = tensors_in((args, kwargs)), tensors_in(result)
+        from_host = func in (torch.tensor, torch.as_tensor) or any(t.device.type == "cpu" for t in inputs)
+        if from_host and any(t.device.type != "cpu" for t in inputs + outputs):
+            self.calls.append(getattr(func, "__name__", str(func)))
+        return result
+
+
+@pytest.mark.parametrize("regime,K,task", REGIMES)
+def test_a_training_step_brings_no_host_data_to_the_device(regime, K, task):
+    """Run on the meta device, where reading a value back (`.item()`, `if tensor:`) raises: a step
+    neither waits for the device's values nor copies host data to it, so on CUDA the CPU queues
+    the whole step without a stream sync (the first step may set up per-device constants)."""
+    net = build_net(TrainConfig(regime=regime, K=K, task_loss=task, dataset="synthetic")).to("meta")
+    x, y = (t.to("meta") for t in fixed_batch())
+    train_step(net, x, y)
+    with HostToDevice() as copies:
+        train_step(net, x, y)
+    assert copies.calls == []
 
 
 SMOKE = dict(dataset="synthetic", train_subset=1000, test_subset=500, epochs=2, batch_size=32,
