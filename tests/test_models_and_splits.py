@@ -2,8 +2,10 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from infopro.errors import InfoProError
+from infopro.local import AuxHead, Decoder, upsample
 from infopro.models import build_backbone
 from infopro.splits import loss_weights, module_ends
 
@@ -65,7 +67,6 @@ def test_loss_weights_interpolate_linearly_between_first_and_last_module():
 
 
 def test_auxiliary_head_and_decoder_match_the_paper():
-    from infopro.local import AuxHead, Decoder
     # facts §4.5: 16 ch @32 -> conv 16->32 s2; 32 ch @16 -> 32->64 s2; 64 ch @8 -> 64->64 s1.
     for channels, size, out, stride in [(16, 32, 32, 2), (32, 16, 64, 2), (64, 8, 64, 1)]:
         conv, fc1, fc2 = (m for m in AuxHead(channels, size, 128).modules()
@@ -82,8 +83,6 @@ def test_decoder_upsampling_is_corner_aligned_bilinear_bit_for_bit(memory_format
     """The decoder up-samples channels-last for speed; its numbers, forward and backward, must
     be exactly those of NCHW corner-aligned bilinear interpolation, which CPU runs were trained
     with, and it must hand the convolution the memory format it was given."""
-    import torch.nn.functional as F
-    from infopro.local import upsample
     h = torch.randn(3, 16, 8, 8, generator=torch.Generator().manual_seed(0))
     grad = torch.randn(3, 16, 32, 32, generator=torch.Generator().manual_seed(1))
     reference_h = h.clone().requires_grad_()
