@@ -12,7 +12,7 @@ feed Table 3, fig_memory, the module-parallel and max-batch CSVs, Table 2 and fi
 fig10 follow from `make probes mutual-info figures tables`. Each stage is skipped once its
 results exist; a failing stage is reported and the next one runs. GPU time on one H100
 (results/bench/logs/): table3 5.7 min, module-parallel 2.4, max-batch 8.5, grid-jobs 1.6; a
-160-epoch grid run, four at a time, about 12 min for E2E, greedy SL and InfoPro K = 2 and, from
+160-epoch grid run, four at a time, 9 to 13 min for E2E, greedy SL and InfoPro K = 2 and, from
 their epoch times, 17, 30 and 64 min for InfoPro (Contrast) K = 4, 8, 16 and 13, 18 and 33 min for
 InfoPro (Softmax) K = 4, 8, 16. All of these were measured before 7fef106 removed the per-step host
 copies (README, Training), which most likely shortens InfoPro (Contrast)'s.
