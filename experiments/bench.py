@@ -28,7 +28,7 @@ from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.pipeline import compare_pipelines
-from infopro.records import provenance, write_csv
+from infopro.records import check_writable, provenance, write_csv
 from infopro.train import PRECISIONS, configure_backends, resolve_device
 
 MEASUREMENTS = ("steps", "max-batch", "pipeline")
@@ -101,6 +101,7 @@ def main(argv=None):
     methods = args.methods or default_methods(args.arch)
     for label in methods:
         Method.parse(label).check(args.arch)  # refuse a bad method before spending any time
+    check_writable(args.out)
     device = resolve_device(args.device)
     if "max-batch" in args.measure and device.type != "cuda":
         raise InfoProError("--measure max-batch searches under a real CUDA allocation cap; it needs --device cuda")

@@ -20,7 +20,7 @@ from infopro.data import DATASETS
 from infopro.local import REGIMES
 from infopro.models import ARCHS
 from infopro.module_parallel import compare_throughput
-from infopro.records import provenance
+from infopro.records import check_writable, provenance
 from infopro.train import TrainConfig, resolve_device
 
 
@@ -49,6 +49,7 @@ def main(argv=None):
                            batch_size=args.batch_size, warmup_epochs=1) for K in args.K]
     for config in configs:  # refuse a K without a split (or λs) before measuring the others
         config.resolved()
+    check_writable(args.out)
     rows = []
     for config in configs:
         with tempfile.TemporaryDirectory() as folder:

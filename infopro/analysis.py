@@ -16,7 +16,7 @@ import torch
 from infopro.errors import InfoProError
 from infopro.mi import EstimatorSettings, information_about_x, information_about_y
 from infopro.probes import DEFAULT_L2, check_l2, check_pool, extract_features, frozen, probe_layers
-from infopro.records import device_name, git_state, read_table, update_csv
+from infopro.records import check_writable, device_name, git_state, read_table, update_csv
 from infopro.runs import Run
 from infopro.splits import num_layer_points
 
@@ -108,6 +108,7 @@ def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *
     `force` redoes them. New rows replace old ones for the same run, settings and layer.
     """
     csv_path = Path(csv_path)
+    check_writable(csv_path.parent)
     table = read_analysis(csv_path) if csv_path.exists() else pd.DataFrame()
     for run in runs:
         if not run.has_weights:

@@ -21,7 +21,7 @@ import torch
 
 from infopro.analysis import analysis_provenance
 from infopro.data import subset_indices
-from infopro.records import decode_correct, encode_correct, read_table, update_csv
+from infopro.records import check_writable, decode_correct, encode_correct, read_table, update_csv
 from infopro.runs import Run
 from infopro.train import predict
 
@@ -99,6 +99,7 @@ def predict_runs(runs: list[Run], csv_path, device: torch.device, data_root=None
     weights, else its training's per-image record where that covers the whole test split. The CSV is
     rewritten atomically after each, so an interrupted call loses nothing and a re-run does what is left."""
     csv_path = Path(csv_path)
+    check_writable(csv_path.parent)
     table = read_predictions(csv_path) if csv_path.exists() else pd.DataFrame(columns=["run_id"])
     for run in runs:
         if not run.has_weights and not has_recorded_predictions(run):

@@ -60,6 +60,21 @@ def atomic_write(path: str | os.PathLike, payload: bytes | str) -> None:
         raise
 
 
+def check_writable(folder: str | os.PathLike) -> None:
+    """Create `folder` and make (then drop) a file in it, or say in one line why results cannot go there.
+
+    Why: analyses and benchmarks write their results after minutes to hours of work; a folder that
+    refuses them (a file in its place, no permission, a read-only mount) must stop the command before
+    that work starts, not after it.
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder, prefix=".writable-", suffix=TEMPORARY_SUFFIX):
+            pass
+    except OSError as error:
+        raise DataError(f"cannot write results in {folder}: {error.strerror}") from None
+
+
 def write_json(path, record) -> None:
     atomic_write(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
 

@@ -140,3 +140,8 @@ def test_bench_refuses_bad_input_in_one_line(tmp_path):
         result = run_main("experiments.bench", *args, "--out", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+    (tmp_path / "a-file").write_text("")  # where --out must be a folder: refused before any measuring
+    result = run_main("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods", "e2e",
+                      "--out", str(tmp_path / "a-file" / "bench"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "cannot write results in" in result.stderr and "e2e" not in result.stdout

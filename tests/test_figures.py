@@ -595,3 +595,7 @@ def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path)
     with pytest.raises(InfoProError, match=r"layer points must lie in 1\.\.16, got \[0, 17\]"):
         analyse_runs(runs, csv, fake, settings, [0, 16, 17], force=True, log=lambda line: None)
     assert not calls  # nothing analysed
+    (tmp_path / "a-file").write_text("")  # where the CSV's folder must be: refused before any layer
+    with pytest.raises(InfoProError, match="cannot write results in .*a-file"):
+        analyse_runs(runs, tmp_path / "a-file" / "out.csv", fake, settings, [1], log=lambda line: None)
+    assert not calls

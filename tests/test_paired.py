@@ -121,6 +121,11 @@ def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_ima
 
     predict_runs(find_runs(tmp_path / "runs"), csv, torch.device("cpu"), log=lines.append)
     assert sum("already scored" in line for line in lines) == 2
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(InfoProError, match="cannot write results in .*a-file"):  # before any network is scored
+        predict_runs(find_runs(tmp_path / "runs"), tmp_path / "a-file" / "out.csv", torch.device("cpu"),
+                     log=lines.append)
+    assert len(lines) == 4
 
     pairs = paired_comparisons(read_predictions(csv))
     assert len(pairs) == 1
