@@ -23,7 +23,7 @@ from pathlib import Path
 
 from infopro.cli import ArgumentParser, positive, run
 from infopro.errors import InfoProError
-from infopro.records import git_state
+from infopro.records import check_writable, git_state
 from infopro.reproduce import check_code_is_named, pack, results_since, run_stages, stages
 from infopro.train import resolve_device
 
@@ -50,6 +50,8 @@ def main(argv=None):
         raise InfoProError("give --time-budget MIN (the minutes this GPU is yours), or --plan")
     resolve_device("cuda", remedy="these stages are GPU work (`--plan` lists them, done or to do)")
     check_code_is_named(git_state())
+    if args.pack_to:  # a lease's results that cannot be packed are lost with the machine
+        check_writable(args.pack_to)
     began = time.time()
     failed = run_stages(plan, args.time_budget)
     if args.pack_to:  # first: what this call made must come home even if what follows fails

@@ -102,6 +102,13 @@ def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch,
         reproduce.main(call)
     assert [path.name for path in parts.iterdir()] == ["results-1.tar"]
 
+    (tmp_path / "a-file").write_text("")  # where --pack-to must be a folder: refused before any stage
+    capsys.readouterr()
+    monkeypatch.setattr(reproduce, "stages", lambda *args: [python_stage("table2", "raise SystemExit('must not run')")])
+    with pytest.raises(InfoProError, match="cannot write results in .*a-file"):
+        reproduce.main([*call[:-1], str(tmp_path / "a-file" / "out")])
+    assert "table2" not in capsys.readouterr().out
+
 
 def test_every_stage_command_is_accepted_by_its_entry_point_with_absolute_paths(tmp_path, monkeypatch):
     """A typo in a stage would cost a GPU lease: each command line must parse. Stages run in the
