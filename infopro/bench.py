@@ -8,6 +8,8 @@ Methods (each measured in a fresh process, so no allocator state leaks between t
 * ``offload``                E2E with every saved activation kept in (pinned) host memory
                              (`torch.autograd.graph.save_on_cpu`; vDNN-style);
 * ``greedy:K``, ``infopro:K`` local learning with the paper's equal-depth splits;
+* ``infopro-softmax:K``      InfoPro with the softmax cross-entropy task term instead of the
+                             contrastive one (not in the default set: it saves no more memory);
 * ``infopro-balanced:K``     InfoPro* (ResNet-110, K = 2, 3, 4: memory-balanced splits);
 * ``infopro+checkpoint:K``   InfoPro with checkpointing inside each local module.
 
@@ -20,6 +22,11 @@ the peak bytes of tensors allocated during forward+backward (`PeakTensorMemory`)
 peak saved-activation bytes (`SavedActivations`; not defined for checkpoint/offload, which
 manage saved tensors themselves). Parameters, gradients-to-be and optimizer state are
 reported separately; the benchmark holds one batch, not a dataset, on the device.
+
+Arithmetic (`step_flops`): the FLOPs of one step's convolutions and matrix products, forward
+and backward with any recomputation, counted by `torch.utils.flop_counter`. They depend on
+shapes only, so a count made on the CPU holds on every device; set beside a step time they say
+how much of a method's time overhead is arithmetic and how much is everything else.
 
 Max batch (CUDA): per method, the largest batch that trains under each allocation cap, found
 by real trials in one fresh process per method (`search_max_batches`).
@@ -39,6 +46,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils.flop_counter import FlopCounterMode
 
 from infopro.data import augmented_batch
 from infopro.errors import InfoProError
@@ -49,7 +57,7 @@ from infopro.splits import PAPER_LOSS_WEIGHTS, PAPER_SPLITS
 from infopro.train import TrainConfig, build_net, configure_backends, place, train_step
 
 WHOLE_NETWORK = ("e2e", "checkpoint", "offload")  # families that back-propagate end to end: no K
-FAMILIES = WHOLE_NETWORK + ("greedy", "infopro", "infopro-balanced", "infopro+checkpoint")
+FAMILIES = WHOLE_NETWORK + ("greedy", "infopro", "infopro-softmax", "infopro-balanced", "infopro+checkpoint")
 LOCAL_KS = (2, 4, 8, 16)
 
 
@@ -65,7 +73,7 @@ class Method:
         family, _, k = text.partition(":")
         if family not in FAMILIES:
             raise InfoProError(f"unknown method {text!r}; valid: e2e, checkpoint, offload, greedy:K, infopro:K, "
-                               f"infopro-balanced:K, infopro+checkpoint:K")
+                               f"infopro-softmax:K, infopro-balanced:K, infopro+checkpoint:K")
         local = family not in WHOLE_NETWORK
         if local != bool(k) or (k and not k.isdigit()):
             raise InfoProError(f"method {text!r}: {'give K as ' + family + ':K' if local else family + ' takes no K'}")
@@ -100,8 +108,9 @@ class Method:
 
     def config(self, arch: str, batch_size: int, precision: str) -> TrainConfig:
         regime = "greedy" if self.family == "greedy" else "infopro" if self.local else "e2e"
-        return TrainConfig(arch=arch, regime=regime, K=self.K, split=self.split, dataset="synthetic",
-                           batch_size=batch_size, precision=precision)
+        task_loss = "softmax" if self.family == "infopro-softmax" else "contrast"
+        return TrainConfig(arch=arch, regime=regime, K=self.K, task_loss=task_loss, split=self.split,
+                           dataset="synthetic", batch_size=batch_size, precision=precision)
 
     def run_segment(self):
         return checkpointed if "checkpoint" in self.family else run_layers
@@ -232,6 +241,28 @@ def device_independent_memory(method: Method, forward_backward, device: torch.de
     return {"peak_step_tensor_bytes": tensors.peak_bytes, "peak_saved_activation_bytes": saved}
 
 
+def step_flops(method: Method, arch: str, batch_size: int, precision: str, device: torch.device) -> int:
+    """FLOPs of one step's convolutions and matrix products, forward and backward, recomputation
+    included (`torch.utils.flop_counter`; elementwise work, normalisation and pooling are not counted)."""
+    _, _, _, forward_backward = prepare_step(method, arch, batch_size, precision, device)
+    with FlopCounterMode(display=False) as counter:
+        forward_backward()
+    return counter.get_total_flops()
+
+
+def count_flops(methods: list[str], arch: str, batch_size: int, precision: str, device: torch.device,
+                log=print) -> pd.DataFrame:
+    """`step_flops` of each method, in this process: a count has no allocator state to isolate."""
+    rows = []
+    for label in methods:
+        method = Method.parse(label)
+        rows.append({"method": label, "family": method.family, "K": method.K,
+                     "step_flops": step_flops(method, arch, batch_size, precision, device)})
+        log(f"{label:<22} {rows[-1]['step_flops'] / 1e9:9.1f} GFLOP/step")
+        gc.collect()
+    return with_ratios(pd.DataFrame(rows))
+
+
 def run_in_fresh_process(args: list[str], timeout: float) -> dict:
     """Run `python -m experiments.bench --worker ...` and parse the JSON line it prints last."""
     command = [sys.executable, "-m", "experiments.bench", *args]
@@ -267,7 +298,7 @@ def run_methods(methods: list[str], arch: str, batch_size: int, precision: str, 
 
 
 RATIO_COLUMNS = ("step_seconds", "peak_allocated_bytes", "peak_reserved_bytes", "peak_step_tensor_bytes",
-                 "peak_saved_activation_bytes")
+                 "peak_saved_activation_bytes", "step_flops")
 
 
 def with_ratios(table: pd.DataFrame) -> pd.DataFrame:

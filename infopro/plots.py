@@ -490,6 +490,7 @@ def save_figure(figure: Figure, stem) -> list[Path]:
 FAMILY_STYLE = {  # benchmark family -> (label, colour, marker)
     "e2e": ("E2E", BLACK, "D"), "checkpoint": ("checkpointing", PURPLE, "P"), "offload": ("offload", SKY, "X"),
     "greedy": ("Greedy SL", VERMILLION, "o"), "infopro": ("InfoPro", BLUE, "s"),
+    "infopro-softmax": ("InfoPro (Softmax)", YELLOW, "<"),
     "infopro-balanced": ("InfoPro* (balanced)", GREEN, "^"), "infopro+checkpoint": ("InfoPro + checkpointing", ORANGE, "v"),
 }
 

@@ -242,8 +242,8 @@ def run_of_method(method: str) -> tuple[str, int, str]:
     K = int(k) if k else 1
     if family in WHOLE_NETWORK:
         return "e2e", 1, "paper"
-    if family == "greedy":
-        return "greedy", K, "paper"
+    if family in ("greedy", "infopro-softmax"):
+        return family, K, "paper"
     return "infopro-contrast", K, "balanced" if family == "infopro-balanced" else "paper"
 
 
@@ -272,9 +272,10 @@ def memory_column(bench: pd.DataFrame) -> tuple[str, str]:
 
 
 def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
-           max_batch: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
+           max_batch: pd.DataFrame | None = None, flops: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
     """Memory, time overhead and test error per method, ours beside the paper's Table 3; with
-    `max_batch` (the search's CSV), each method's largest batch under each cap as well."""
+    `max_batch` (the search's CSV), each method's largest batch under each cap as well; with
+    `flops` (the counts' CSV), the extra arithmetic beside the extra time."""
     measured = bench[bench["error"].isna()] if "error" in bench else bench
     measured = measured.set_index("method")
     order = [m for m in TABLE3_METHODS if m in measured.index]
@@ -292,6 +293,7 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
             "ours: memory (GiB)": f"{ours[column] / 2**30:.2f}",
             "ours: vs E2E": f"{100 * (ours[f'{column}_vs_e2e'] - 1):+.1f}%",
             "ours: time vs E2E": f"{100 * (ours['step_seconds_vs_e2e'] - 1):+.1f}%",
+        } | extra_arithmetic(flops, method) | {
             "ours: error (%)": mean_std(mean, std), "n": n,
             "paper: memory (GB)": "–" if ref is None else f"{ref['memory_gb']:.2f}",
             "paper: time": "–" if ref is None or pd.isna(ref["overhead_wall_pct"]) else f"+{ref['overhead_wall_pct']:.1f}%",
@@ -301,10 +303,21 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
                f"ours = {described}; median step time over {first['steps']} steps after {first['warmup']} warm-up "
                f"step(s), each method in a fresh process; errors from our training runs where they exist. "
                f"Paper: Titan Xp, 'minimally required' memory (method unpublished), cifar10.")
+    if flops is not None:
+        caption += (" FLOPs vs E2E: the FLOPs of a step's convolutions and matrix products, forward and backward "
+                    "with recomputation (torch.utils.flop_counter; shapes only, so the same on every device).")
     if max_batch is not None:
         caption += (" Max batch: the largest batch that trains under a real CUDA allocation cap, to within 2% "
                     "(– : not searched; offload's activations live in host memory, which the cap does not bound).")
     return pd.DataFrame(rows), caption
+
+
+def extra_arithmetic(flops: pd.DataFrame | None, method: str) -> dict:
+    """{"ours: FLOPs vs E2E": "+x%"} of `method` ({} when FLOPs were not counted; – for a method not counted)."""
+    if flops is None:
+        return {}
+    ratio = dict(zip(flops["method"], flops["step_flops_vs_e2e"])).get(method)
+    return {"ours: FLOPs vs E2E": "–" if ratio is None or pd.isna(ratio) else f"{100 * (ratio - 1):+.1f}%"}
 
 
 def largest_batches(max_batch: pd.DataFrame | None, method: str) -> dict:

@@ -1,4 +1,5 @@
-"""The benchmark: its exact memory measure, its method names, its search, every method's memory, the CLI."""
+"""The benchmark: its exact memory measure, its method names, its search, every method's memory and
+arithmetic, the CLI."""
 
 import gc
 
@@ -8,8 +9,8 @@ import torch
 
 from conftest import run_cli, run_main
 import infopro.bench
-from infopro.bench import (Method, cuda_peak_bytes, default_methods, largest_fitting, measure, search_max_batches,
-                           with_ratios)
+from infopro.bench import (Method, count_flops, cuda_peak_bytes, default_methods, largest_fitting, measure,
+                           search_max_batches, with_ratios)
 from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory
 
@@ -39,6 +40,8 @@ def test_method_names():
             Method.parse(bad)
     assert "infopro-balanced:4" in default_methods("resnet110")
     assert not any("balanced" in m for m in default_methods("resnet32"))
+    assert Method.parse("infopro-softmax:4").config("resnet32", 8, "fp32").task_loss == "softmax"
+    assert Method.parse("infopro:4").config("resnet32", 8, "fp32").task_loss == "contrast"
 
 
 def test_largest_fitting_batch_is_found_within_two_percent_from_any_guess():
@@ -109,9 +112,21 @@ def test_every_method_orders_memory_as_theory_says():
     assert table.loc["infopro:16", "peak_saved_activation_bytes_vs_e2e"] <= 0.25
 
 
+def test_flops_per_step_follow_what_each_method_computes():
+    """Offloading moves tensors and computes nothing more; checkpointing recomputes part of the
+    forward pass (a third of a step at most); a gradient-isolated module computes no gradient for
+    its input; InfoPro's decoders work at the image's size; its two task terms differ only in the
+    head's last layer and the contrastive term's batch-by-batch similarities."""
+    methods = ["e2e", "offload", "checkpoint", "greedy:16", "infopro:16", "infopro-softmax:16"]
+    flops = count_flops(methods, "resnet32", 16, "fp32", torch.device("cpu"), log=lambda line: None)
+    ratio = flops.set_index("method")["step_flops_vs_e2e"]
+    assert ratio["offload"] == 1 and 1.1 < ratio["checkpoint"] < 4 / 3
+    assert ratio["greedy:16"] < 1 < ratio["infopro-softmax:16"] < ratio["infopro:16"] < 1.01 * ratio["infopro-softmax:16"]
+
+
 def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     result = run_cli("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods", "e2e",
-                     "infopro:2", "offload", "--measure", "steps", "pipeline", "--pipeline-images", "128",
+                     "infopro:2", "offload", "--measure", "steps", "pipeline", "flops", "--pipeline-images", "128",
                      "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     table = pd.read_csv(tmp_path / "resnet32-b32-fp32-cpu.csv").set_index("method")
@@ -121,6 +136,9 @@ def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     assert table["git_commit"].notna().all() and (table["device"] == "cpu").all()
     pipeline = pd.read_csv(tmp_path / "pipeline-resnet32-b32-cpu.csv")
     assert pipeline.loc[0, "ours_epoch_seconds"] > 0 and pipeline.loc[0, "reference_epoch_seconds"] > 0
+    flops = pd.read_csv(tmp_path / "flops-resnet32-b32.csv").set_index("method")
+    assert flops.loc["offload", "step_flops"] == flops.loc["e2e", "step_flops"] < flops.loc["infopro:2", "step_flops"]
+    assert flops["git_commit"].notna().all() and (flops["batch_size"] == 32).all()
 
 
 def test_bench_refuses_bad_input_in_one_line(tmp_path):

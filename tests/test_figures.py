@@ -40,8 +40,9 @@ def test_every_target_builds_from_the_committed_results(target, results_copy):
     assert paths and all(path.stat().st_size > 0 for path in paths)
 
 
-def test_table3_shows_the_max_batch_search_and_ignores_other_bench_csvs(tmp_path):
-    """Stand-in CSVs of the other measurements in bench/ (their real ones come from a GPU)."""
+def test_table3_shows_the_max_batch_search_and_flops_and_ignores_other_bench_csvs(tmp_path):
+    """Stand-in CSVs of the other measurements in bench/ (their real ones come from a GPU, or from
+    another batch size: the FLOPs of a batch other than the step table's are not its)."""
     results = tmp_path / "results"
     shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs"))
     pd.DataFrame({"jobs": [1, 2], "images_per_second": [1.0, 2.0], "best": [False, True]}).to_csv(
@@ -49,12 +50,18 @@ def test_table3_shows_the_max_batch_search_and_ignores_other_bench_csvs(tmp_path
     pd.DataFrame({"method": ["e2e", "e2e", "checkpoint", "offload"], "cap_gib": [2.0, 4.0, 2.0, 2.0],
                   "max_batch": [200, 410, 900, None], "error": [None, None, None, "not searched"]}).to_csv(
         max_batch_path(results, table3_bench(results)), index=False)  # the search of the step table's device
+    bench = table3_bench(results)
+    for batch, checkpoint in ((bench["batch_size"].iloc[0], 1.25), (8, 2.0)):
+        pd.DataFrame({"method": ["e2e", "checkpoint"], "step_flops": [4e9, checkpoint * 4e9],
+                      "step_flops_vs_e2e": [1.0, checkpoint]}).to_csv(
+            results / "bench" / f"flops-{bench['arch'].iloc[0]}-b{batch}.csv", index=False)
     build("fig_memory", results)
     build("table3", results)
     table = pd.read_csv(results / "tables" / "table3.csv", dtype=str).set_index("method")
     assert list(table.loc["e2e", ["ours: max batch in 2 GiB", "ours: max batch in 4 GiB"]]) == ["200", "410"]
     assert table.loc["checkpoint", "ours: max batch in 4 GiB"] == "–"
     assert table.loc["offload", "ours: max batch in 2 GiB"] == "–"
+    assert list(table.loc[["e2e", "checkpoint", "offload"], "ours: FLOPs vs E2E"]) == ["+0.0%", "+25.0%", "–"]
 
 
 def test_make_fig8_works_right_after_set_up(tmp_path):
