@@ -243,7 +243,8 @@ def device_independent_memory(method: Method, forward_backward, device: torch.de
 
 def step_flops(method: Method, arch: str, batch_size: int, precision: str, device: torch.device) -> int:
     """FLOPs of one step's convolutions and matrix products, forward and backward, recomputation
-    included (`torch.utils.flop_counter`; elementwise work, normalisation and pooling are not counted)."""
+    included (`torch.utils.flop_counter`; elementwise work, normalisation, pooling and up-sampling are not
+    counted)."""
     _, _, _, forward_backward = prepare_step(method, arch, batch_size, precision, device)
     with FlopCounterMode(display=False) as counter:
         forward_backward()

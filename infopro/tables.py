@@ -297,12 +297,15 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
             "ours: error (%)": mean_std(mean, std), "n": n,
             "paper: memory (GB)": "–" if ref is None else f"{ref['memory_gb']:.2f}",
             "paper: time": "–" if ref is None or pd.isna(ref["overhead_wall_pct"]) else f"+{ref['overhead_wall_pct']:.1f}%",
+            "paper: theoretical": "–" if ref is None or pd.isna(ref["overhead_theoretical_pct"])
+            else f"+{ref['overhead_theoretical_pct']:.1f}%",
             "paper: error (%)": "–" if ref is None else mean_std(ref["error_mean"], ref["error_std"]),
         } | largest_batches(max_batch, method))
     caption = (f"Table 3, {first['arch']}, batch {first['batch_size']}, {first['precision']} on {first['device_name']}: "
                f"ours = {described}; median step time over {first['steps']} steps after {first['warmup']} warm-up "
                f"step(s), each method in a fresh process; errors from our training runs where they exist. "
-               f"Paper: Titan Xp, 'minimally required' memory (method unpublished), cifar10.")
+               f"Paper: Titan Xp, 'minimally required' memory and 'theoretical' overhead (methods unpublished), "
+               f"cifar10.")
     if flops is not None:
         caption += (" FLOPs vs E2E: the FLOPs of a step's convolutions and matrix products, forward and backward "
                     "with recomputation (torch.utils.flop_counter; shapes only, so the same on every device).")

@@ -62,6 +62,7 @@ def test_table3_shows_the_max_batch_search_and_flops_and_ignores_other_bench_csv
     assert table.loc["checkpoint", "ours: max batch in 4 GiB"] == "–"
     assert table.loc["offload", "ours: max batch in 2 GiB"] == "–"
     assert list(table.loc[["e2e", "checkpoint", "offload"], "ours: FLOPs vs E2E"]) == ["+0.0%", "+25.0%", "–"]
+    assert table.loc["checkpoint", "paper: theoretical"] == "+32.8%"  # results/reference/table3.csv
 
 
 def test_make_fig8_works_right_after_set_up(tmp_path):
