@@ -4,7 +4,7 @@
     python -m experiments.bench --arch resnet32 --methods e2e infopro:16
     python -m experiments.bench --measure max-batch --caps 2,4,8 --methods e2e checkpoint infopro-balanced:4  # CUDA
     python -m experiments.bench --measure steps pipeline         # + our input pipeline vs a DataLoader
-    python -m experiments.bench --measure flops --device cpu     # arithmetic per step (device-independent)
+    python -m experiments.bench --measure work --device cpu      # FLOPs, operators, bytes per step (any device)
     python -m experiments.bench --device cpu --quick --out /tmp/b  # every method, tiny, on CPU
 
 Feeds Table 3 and the memory figure (`make table3 fig_memory`). The paper (Titan Xp,
@@ -13,8 +13,8 @@ ResNet-110, batch 1024): E2E 9.40 GB; checkpointing 3.91 GB at +27.5% time; Info
 infopro/bench.py for what is measured and how. On one H100 the step table and the pipeline
 comparison took 5.7 min together.
 On 2 CPU cores a ResNet-110 step at batch 1024 takes about 30 s: the committed CPU run used
---steps 2 --warmup 1 and eight methods (22 min, with the pipeline comparison). FLOPs per step
-depend on shapes only; the committed counts were made on the CPU, one step per method.
+--steps 2 --warmup 1 and eight methods (22 min, with the pipeline comparison). The work of a
+step depends on shapes only; the committed counts were made on the CPU, one step per method.
 """
 
 import argparse
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from infopro.bench import (Method, count_flops, cuda_peak_bytes, default_methods, device_slug, max_batches, measure,
+from infopro.bench import (Method, count_work, cuda_peak_bytes, default_methods, device_slug, max_batches, measure,
                            run_methods, search_max_batches, summary_table)
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.errors import InfoProError
@@ -33,7 +33,7 @@ from infopro.pipeline import compare_pipelines
 from infopro.records import check_writable, provenance, write_csv
 from infopro.train import PRECISIONS, configure_backends, resolve_device
 
-MEASUREMENTS = ("steps", "max-batch", "pipeline", "flops")
+MEASUREMENTS = ("steps", "max-batch", "pipeline", "work")
 QUICK = {"batch_size": 32, "steps": 3, "warmup": 1, "pipeline_images": 512}
 FULL = {"batch_size": 1024, "steps": 20, "warmup": 5, "pipeline_images": 50000}
 
@@ -50,8 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny settings, for CPU and CI")
     p.add_argument("--measure", nargs="+", default=["steps"], choices=MEASUREMENTS,
                    help="steps: the step table (default); max-batch: each method's largest batch under "
-                        "--caps (CUDA); pipeline: one epoch of our pipeline vs a DataLoader; flops: each "
-                        "method's FLOPs per step (one untimed step each)")
+                        "--caps (CUDA); pipeline: one epoch of our pipeline vs a DataLoader; work: each "
+                        "method's FLOPs, operators and bytes accessed per step (one untimed step each)")
     p.add_argument("--caps", metavar="GIB,...", type=gib_list, default=[2.0, 4.0, 8.0],
                    help="CUDA allocation caps for --measure max-batch (default 2,4,8)")
     p.add_argument("--pipeline-images", type=at_least(1), help="images in that epoch (default 50000; 512 with --quick)")
@@ -125,9 +125,9 @@ def main(argv=None):
         write_csv(path, rows)
         print(pd.DataFrame(rows).pivot(index="method", columns="cap_gib", values="max_batch"))
         print(f"wrote {path}")
-    if "flops" in args.measure:
-        table = count_flops(methods, args.arch, args.batch_size, args.precision, device)
-        path = Path(args.out) / f"flops-{args.arch}-b{args.batch_size}.csv"
+    if "work" in args.measure:
+        table = count_work(methods, args.arch, args.batch_size, args.precision, device)
+        path = Path(args.out) / f"work-{args.arch}-b{args.batch_size}.csv"
         write_csv(path, table.assign(**{key: value for key, value in context.items() if key not in ("steps", "warmup")})
                   .to_dict("records"))
         print(f"wrote {path}")

@@ -23,10 +23,14 @@ peak saved-activation bytes (`SavedActivations`; not defined for checkpoint/offl
 manage saved tensors themselves). Parameters, gradients-to-be and optimizer state are
 reported separately; the benchmark holds one batch, not a dataset, on the device.
 
-Arithmetic (`step_flops`): the FLOPs of one step's convolutions and matrix products, forward
-and backward with any recomputation, counted by `torch.utils.flop_counter`. They depend on
-shapes only, so a count made on the CPU holds on every device; set beside a step time they say
-how much of a method's time overhead is arithmetic and how much is everything else.
+Work (`step_work`), three device-independent counts of one step, forward and backward with any
+recomputation: `step_flops`, the FLOPs of its convolutions and matrix products
+(`torch.utils.flop_counter`); `step_operators`, the ATen operators it dispatches, views excluded
+(a proxy for kernel launches); `step_bytes_accessed`, the bytes of those operators' inputs and
+outputs (the memory traffic if nothing were fused or cached). They depend on shapes only, so
+counts made on the CPU hold on every device, except offload's operators and bytes: its copies
+to host memory happen only on a GPU. Set beside step times, they say which kind of work a
+method's time overhead follows.
 
 Max batch (CUDA): per method, the largest batch that trains under each allocation cap, found
 by real trials in one fresh process per method (`search_max_batches`).
@@ -46,6 +50,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from infopro.data import augmented_batch
@@ -241,25 +247,49 @@ def device_independent_memory(method: Method, forward_backward, device: torch.de
     return {"peak_step_tensor_bytes": tensors.peak_bytes, "peak_saved_activation_bytes": saved}
 
 
-def step_flops(method: Method, arch: str, batch_size: int, precision: str, device: torch.device) -> int:
-    """FLOPs of one step's convolutions and matrix products, forward and backward, recomputation
-    included (`torch.utils.flop_counter`; elementwise work, normalisation, pooling and up-sampling are not
-    counted)."""
+class OperatorTally(TorchDispatchMode):
+    """Counts the ATen operators run inside it, views excluded (they launch no kernel), and the
+    bytes of their tensor inputs and outputs (each op reading and writing memory, none fused)."""
+
+    def __init__(self):
+        super().__init__()
+        self.operators = 0
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not func.is_view:
+            self.operators += 1
+            self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
+                              if isinstance(t, torch.Tensor))
+        return out
+
+
+def step_work(method: Method, arch: str, batch_size: int, precision: str, device: torch.device) -> dict:
+    """FLOPs, operators and bytes accessed of one step, forward and backward, recomputation included.
+
+    FLOPs are those of convolutions and matrix products (`torch.utils.flop_counter`: elementwise
+    work, normalisation, pooling and up-sampling have none). Offload's operators and bytes are
+    left empty off a GPU, where its copies to host memory do not happen.
+    """
     _, _, _, forward_backward = prepare_step(method, arch, batch_size, precision, device)
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as flops, OperatorTally() as tally:
         forward_backward()
-    return counter.get_total_flops()
+    moves_nothing = method.family == "offload" and device.type != "cuda"
+    return {"step_flops": flops.get_total_flops(), "step_operators": None if moves_nothing else tally.operators,
+            "step_bytes_accessed": None if moves_nothing else tally.bytes}
 
 
-def count_flops(methods: list[str], arch: str, batch_size: int, precision: str, device: torch.device,
-                log=print) -> pd.DataFrame:
-    """`step_flops` of each method, in this process: a count has no allocator state to isolate."""
+def count_work(methods: list[str], arch: str, batch_size: int, precision: str, device: torch.device,
+               log=print) -> pd.DataFrame:
+    """`step_work` of each method, in this process: a count has no allocator state to isolate."""
     rows = []
     for label in methods:
         method = Method.parse(label)
-        rows.append({"method": label, "family": method.family, "K": method.K,
-                     "step_flops": step_flops(method, arch, batch_size, precision, device)})
-        log(f"{label:<22} {rows[-1]['step_flops'] / 1e9:9.1f} GFLOP/step")
+        rows.append({"method": label, "family": method.family, "K": method.K}
+                    | step_work(method, arch, batch_size, precision, device))
+        log(f"{label:<22} {rows[-1]['step_flops'] / 1e9:9.1f} GFLOP  {rows[-1]['step_operators'] or '':>6} operators")
         gc.collect()
     return with_ratios(pd.DataFrame(rows))
 
@@ -299,7 +329,7 @@ def run_methods(methods: list[str], arch: str, batch_size: int, precision: str, 
 
 
 RATIO_COLUMNS = ("step_seconds", "peak_allocated_bytes", "peak_reserved_bytes", "peak_step_tensor_bytes",
-                 "peak_saved_activation_bytes", "step_flops")
+                 "peak_saved_activation_bytes", "step_flops", "step_operators", "step_bytes_accessed")
 
 
 def with_ratios(table: pd.DataFrame) -> pd.DataFrame:

@@ -150,20 +150,21 @@ def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     return read_result(path, "bench", ("method", "cap_gib")) if path.is_file() else None  # max_batch: blank on error
 
 
-def load_flops(results, bench: pd.DataFrame) -> pd.DataFrame | None:
-    """The FLOP counts of the step table's architecture and batch, if they were made (on any device:
+def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:
+    """The work counts of the step table's architecture and batch, if they were made (on any device:
     they depend on shapes only)."""
     first = bench.iloc[0]
-    path = Path(results) / "bench" / f"flops-{first['arch']}-b{first['batch_size']}.csv"
-    return read_result(path, "bench", ("method", "step_flops", "step_flops_vs_e2e")) if path.is_file() else None
+    path = Path(results) / "bench" / f"work-{first['arch']}-b{first['batch_size']}.csv"
+    return read_result(path, "bench", ("method", "step_flops_vs_e2e", "step_operators_vs_e2e")) if path.is_file() \
+        else None
 
 
 def table3(results) -> tuple[pd.DataFrame, str]:
     """Table 3 and its caption: the step table, test errors of runs, the paper's values, max batch if
-    searched, FLOPs per step if counted."""
+    searched, the work of a step if counted."""
     bench = table3_bench(results)
     return tables.table3(bench, runs_or_empty(results), load_reference(results, "table3"),
-                         load_max_batch(results, bench), load_flops(results, bench))
+                         load_max_batch(results, bench), load_work(results, bench))
 
 
 def runs_or_empty(results) -> pd.DataFrame:

@@ -272,10 +272,10 @@ def memory_column(bench: pd.DataFrame) -> tuple[str, str]:
 
 
 def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
-           max_batch: pd.DataFrame | None = None, flops: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
+           max_batch: pd.DataFrame | None = None, work: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
     """Memory, time overhead and test error per method, ours beside the paper's Table 3; with
     `max_batch` (the search's CSV), each method's largest batch under each cap as well; with
-    `flops` (the counts' CSV), the extra arithmetic beside the extra time."""
+    `work` (the counts' CSV), the extra FLOPs and operators beside the extra time."""
     measured = bench[bench["error"].isna()] if "error" in bench else bench
     measured = measured.set_index("method")
     order = [m for m in TABLE3_METHODS if m in measured.index]
@@ -293,7 +293,7 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
             "ours: memory (GiB)": f"{ours[column] / 2**30:.2f}",
             "ours: vs E2E": f"{100 * (ours[f'{column}_vs_e2e'] - 1):+.1f}%",
             "ours: time vs E2E": f"{100 * (ours['step_seconds_vs_e2e'] - 1):+.1f}%",
-        } | extra_arithmetic(flops, method) | {
+        } | extra_work(work, method) | {
             "ours: error (%)": mean_std(mean, std), "n": n,
             "paper: memory (GB)": "–" if ref is None else f"{ref['memory_gb']:.2f}",
             "paper: time": "–" if ref is None or pd.isna(ref["overhead_wall_pct"]) else f"+{ref['overhead_wall_pct']:.1f}%",
@@ -306,21 +306,30 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
                f"step(s), each method in a fresh process; errors from our training runs where they exist. "
                f"Paper: Titan Xp, 'minimally required' memory and 'theoretical' overhead (methods unpublished), "
                f"cifar10.")
-    if flops is not None:
-        caption += (" FLOPs vs E2E: the FLOPs of a step's convolutions and matrix products, forward and backward "
-                    "with recomputation (torch.utils.flop_counter; shapes only, so the same on every device).")
+    if work is not None:
+        caption += (" FLOPs and operators vs E2E: the FLOPs of a step's convolutions and matrix products "
+                    "(torch.utils.flop_counter) and the ATen operators it dispatches, views excluded, forward and "
+                    "backward with recomputation; shapes only, so the same on every device (– : offload's copies, "
+                    "which happen only on a GPU, were not counted).")
     if max_batch is not None:
         caption += (" Max batch: the largest batch that trains under a real CUDA allocation cap, to within 2% "
                     "(– : not searched; offload's activations live in host memory, which the cap does not bound).")
     return pd.DataFrame(rows), caption
 
 
-def extra_arithmetic(flops: pd.DataFrame | None, method: str) -> dict:
-    """{"ours: FLOPs vs E2E": "+x%"} of `method` ({} when FLOPs were not counted; – for a method not counted)."""
-    if flops is None:
+WORK_COLUMNS = {"ours: FLOPs vs E2E": "step_flops_vs_e2e", "ours: operators vs E2E": "step_operators_vs_e2e"}
+
+
+def extra_work(work: pd.DataFrame | None, method: str) -> dict:
+    """{"ours: FLOPs vs E2E": "+x%", "ours: operators vs E2E": ...} of `method` ({} when the work was
+    not counted; – where a method or a count is missing)."""
+    if work is None:
         return {}
-    ratio = dict(zip(flops["method"], flops["step_flops_vs_e2e"])).get(method)
-    return {"ours: FLOPs vs E2E": "–" if ratio is None or pd.isna(ratio) else f"{100 * (ratio - 1):+.1f}%"}
+    counted = work.set_index("method")
+    ratios = {name: counted.at[method, column] if method in counted.index else None
+              for name, column in WORK_COLUMNS.items()}
+    return {name: "–" if ratio is None or pd.isna(ratio) else f"{100 * (ratio - 1):+.1f}%"
+            for name, ratio in ratios.items()}
 
 
 def largest_batches(max_batch: pd.DataFrame | None, method: str) -> dict:

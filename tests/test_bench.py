@@ -9,7 +9,7 @@ import torch
 
 from conftest import run_cli, run_main
 import infopro.bench
-from infopro.bench import (Method, count_flops, cuda_peak_bytes, default_methods, largest_fitting, measure,
+from infopro.bench import (Method, count_work, cuda_peak_bytes, default_methods, largest_fitting, measure,
                            search_max_batches, with_ratios)
 from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory
@@ -112,21 +112,26 @@ def test_every_method_orders_memory_as_theory_says():
     assert table.loc["infopro:16", "peak_saved_activation_bytes_vs_e2e"] <= 0.25
 
 
-def test_flops_per_step_follow_what_each_method_computes():
-    """Offloading moves tensors and computes nothing more; checkpointing recomputes part of the
-    forward pass (a third of a step at most); a gradient-isolated module computes no gradient for
-    its input; InfoPro's decoders work at the image's size; its two task terms differ only in the
-    head's last layer and the contrastive term's batch-by-batch similarities."""
+def test_the_work_of_a_step_follows_what_each_method_computes():
+    """Offloading moves tensors and computes nothing more (and off a GPU moves nothing, so its
+    operators are not counted there); checkpointing recomputes part of the forward pass (a third
+    of a step at most); a gradient-isolated module computes no gradient for its input; InfoPro's
+    decoders work at the image's size; its two task terms differ only in the head's last layer and
+    the contrastive term's batch-by-batch similarities, a handful of operators more."""
     methods = ["e2e", "offload", "checkpoint", "greedy:16", "infopro:16", "infopro-softmax:16"]
-    flops = count_flops(methods, "resnet32", 16, "fp32", torch.device("cpu"), log=lambda line: None)
-    ratio = flops.set_index("method")["step_flops_vs_e2e"]
-    assert ratio["offload"] == 1 and 1.1 < ratio["checkpoint"] < 4 / 3
-    assert ratio["greedy:16"] < 1 < ratio["infopro-softmax:16"] < ratio["infopro:16"] < 1.01 * ratio["infopro-softmax:16"]
+    work = count_work(methods, "resnet32", 16, "fp32", torch.device("cpu"), log=lambda line: None).set_index("method")
+    flops, operators = work["step_flops_vs_e2e"], work["step_operators_vs_e2e"]
+    assert flops["offload"] == 1 and 1.1 < flops["checkpoint"] < 4 / 3
+    assert flops["greedy:16"] < 1 < flops["infopro-softmax:16"] < flops["infopro:16"] < 1.01 * flops["infopro-softmax:16"]
+    assert pd.isna(operators["offload"]) and pd.isna(work.loc["offload", "step_bytes_accessed"])
+    assert 1 < operators["checkpoint"] < 2 and 1 < work.loc["checkpoint", "step_bytes_accessed_vs_e2e"] < 2
+    assert 1 < operators["infopro-softmax:16"] < operators["infopro:16"]
+    assert work.loc["e2e", "step_operators"] > 3 * 31  # a convolution, a normalisation and a ReLU per layer at least
 
 
 def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     result = run_cli("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods", "e2e",
-                     "infopro:2", "offload", "--measure", "steps", "pipeline", "flops", "--pipeline-images", "128",
+                     "infopro:2", "offload", "--measure", "steps", "pipeline", "work", "--pipeline-images", "128",
                      "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     table = pd.read_csv(tmp_path / "resnet32-b32-fp32-cpu.csv").set_index("method")
@@ -136,9 +141,10 @@ def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     assert table["git_commit"].notna().all() and (table["device"] == "cpu").all()
     pipeline = pd.read_csv(tmp_path / "pipeline-resnet32-b32-cpu.csv")
     assert pipeline.loc[0, "ours_epoch_seconds"] > 0 and pipeline.loc[0, "reference_epoch_seconds"] > 0
-    flops = pd.read_csv(tmp_path / "flops-resnet32-b32.csv").set_index("method")
-    assert flops.loc["offload", "step_flops"] == flops.loc["e2e", "step_flops"] < flops.loc["infopro:2", "step_flops"]
-    assert flops["git_commit"].notna().all() and (flops["batch_size"] == 32).all()
+    work = pd.read_csv(tmp_path / "work-resnet32-b32.csv").set_index("method")
+    assert work.loc["offload", "step_flops"] == work.loc["e2e", "step_flops"] < work.loc["infopro:2", "step_flops"]
+    assert work.loc["e2e", "step_operators"] < work.loc["infopro:2", "step_operators"]
+    assert work["git_commit"].notna().all() and (work["batch_size"] == 32).all()
 
 
 def test_bench_refuses_bad_input_in_one_line(tmp_path):
