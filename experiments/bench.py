@@ -5,6 +5,7 @@
     python -m experiments.bench --measure max-batch --caps 2,4,8 --methods e2e checkpoint infopro-balanced:4  # CUDA
     python -m experiments.bench --measure steps pipeline         # + our input pipeline vs a DataLoader
     python -m experiments.bench --measure work --device cpu      # FLOPs, operators, bytes per step (any device)
+    python -m experiments.bench --measure profile --methods e2e infopro-balanced:4  # where a step's time goes
     python -m experiments.bench --device cpu --quick --out /tmp/b  # every method, tiny, on CPU
 
 Feeds Table 3 and the memory figure (`make table3 fig_memory`). The paper (Titan Xp,
@@ -25,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from infopro.bench import (Method, count_work, cuda_peak_bytes, default_methods, device_slug, max_batches, measure,
-                           run_methods, search_max_batches, summary_table)
+                           profile_step, run_methods, run_profiles, search_max_batches, summary_table)
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
@@ -33,7 +34,7 @@ from infopro.pipeline import compare_pipelines
 from infopro.records import check_writable, provenance, write_csv
 from infopro.train import PRECISIONS, configure_backends, resolve_device
 
-MEASUREMENTS = ("steps", "max-batch", "pipeline", "work")
+MEASUREMENTS = ("steps", "max-batch", "pipeline", "work", "profile")
 QUICK = {"batch_size": 32, "steps": 3, "warmup": 1, "pipeline_images": 512}
 FULL = {"batch_size": 1024, "steps": 20, "warmup": 5, "pipeline_images": 50000}
 
@@ -51,13 +52,15 @@ def parse_args(argv=None):
     p.add_argument("--measure", nargs="+", default=["steps"], choices=MEASUREMENTS,
                    help="steps: the step table (default); max-batch: each method's largest batch under "
                         "--caps (CUDA); pipeline: one epoch of our pipeline vs a DataLoader; work: each "
-                        "method's FLOPs, operators and bytes accessed per step (one untimed step each)")
+                        "method's FLOPs, operators and bytes accessed per step (one untimed step each); profile: "
+                        "the operators a step's time goes to (--steps profiled steps after --warmup)")
     p.add_argument("--caps", metavar="GIB,...", type=gib_list, default=[2.0, 4.0, 8.0],
                    help="CUDA allocation caps for --measure max-batch (default 2,4,8)")
     p.add_argument("--pipeline-images", type=at_least(1), help="images in that epoch (default 50000; 512 with --quick)")
     p.add_argument("--out", default="results/bench", help="folder for the CSVs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--search-caps", type=gib_list, help=argparse.SUPPRESS)
+    p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -77,6 +80,9 @@ def worker(args) -> None:
     if args.search_caps:
         peak_bytes = cuda_peak_bytes(method, args.arch, args.precision, device)
         record = {"max_batch": search_max_batches(peak_bytes, [cap * 2**30 for cap in args.search_caps])}
+    elif args.profile:
+        record = {"operators": profile_step(method, args.arch, args.batch_size, args.precision, device, args.steps,
+                                            args.warmup)}
     else:
         record = measure(method, args.arch, args.batch_size, args.precision, device, args.steps, args.warmup)
     print(json.dumps(record))
@@ -130,6 +136,11 @@ def main(argv=None):
         path = Path(args.out) / f"work-{args.arch}-b{args.batch_size}.csv"
         write_csv(path, table.assign(**{key: value for key, value in context.items() if key not in ("steps", "warmup")})
                   .to_dict("records"))
+        print(f"wrote {path}")
+    if "profile" in args.measure:
+        rows = run_profiles(methods, args.arch, args.batch_size, args.precision, device.type, args.steps, args.warmup)
+        path = Path(args.out) / f"profile-{stem.name}.csv"
+        write_csv(path, [row | context for row in rows])
         print(f"wrote {path}")
     if "pipeline" in args.measure:
         result = compare_pipelines("resnet32", args.pipeline_images, args.batch_size, device) | provenance(device)

@@ -32,6 +32,10 @@ counts made on the CPU hold on every device, except offload's operators and byte
 to host memory happen only on a GPU. Set beside step times, they say which kind of work a
 method's time overhead follows.
 
+Profile (`profile_step`): where a step's time goes, per ATen operator: its calls and its self
+time on the device (the kernels it launched; on a CPU its own time) per step, from
+`torch.profiler` over a few steps after warm-up; the operators that take the most of it.
+
 Max batch (CUDA): per method, the largest batch that trains under each allocation cap, found
 by real trials in one fresh process per method (`search_max_batches`).
 """
@@ -49,6 +53,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -292,6 +299,55 @@ def count_work(methods: list[str], arch: str, batch_size: int, precision: str, d
         log(f"{label:<22} {rows[-1]['step_flops'] / 1e9:9.1f} GFLOP  {rows[-1]['step_operators'] or '':>6} operators")
         gc.collect()
     return with_ratios(pd.DataFrame(rows))
+
+
+PROFILE_TOP = 25  # operators kept per method: the rest of a step's time is in its `share` complement
+
+
+def profile_step(method: Method, arch: str, batch_size: int, precision: str, device: torch.device, steps: int,
+                 warmup: int, top: int = PROFILE_TOP) -> list[dict]:
+    """The `top` operators by self time per step on `device`, over `steps` profiled steps after `warmup`.
+
+    Why: the time overheads of local learning and checkpointing follow their operator counts, not
+    their FLOPs; a profile says which operators the time goes to. On CUDA an operator's self time
+    is that of the kernels it launched (the GPU's busy time, idle gaps excluded); on a CPU, its own.
+    """
+    _, optimizer, _, forward_backward = prepare_step(method, arch, batch_size, precision, device)
+    for _ in range(warmup):
+        forward_backward()
+        optimizer.step()
+    on_cuda = device.type == "cuda"
+    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as profiler:
+        for _ in range(steps):
+            forward_backward()
+            optimizer.step()
+        if on_cuda:
+            torch.cuda.synchronize(device)
+    self_time = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+    operators = [event for event in profiler.key_averages()  # kernels are listed apart: not counted twice
+                 if event.device_type == DeviceType.CPU and getattr(event, self_time) > 0]
+    total = sum(getattr(event, self_time) for event in operators)
+    operators.sort(key=lambda event: getattr(event, self_time), reverse=True)
+    return [{"operator": event.key, "calls_per_step": event.count / steps,
+             "self_ms_per_step": getattr(event, self_time) / 1000 / steps, "share": getattr(event, self_time) / total}
+            for event in operators[:top]]
+
+
+def run_profiles(methods: list[str], arch: str, batch_size: int, precision: str, device: str, steps: int,
+                 warmup: int, timeout: float = 3600, log=print) -> list[dict]:
+    """Profile each method in a fresh process: one row per method and operator, or one with its error."""
+    rows = []
+    for label in methods:
+        found = run_in_fresh_process(worker_args(label, arch, precision, device, "--batch-size", str(batch_size),
+                                                 "--steps", str(steps), "--warmup", str(warmup), "--profile"), timeout)
+        if "error" in found:
+            rows.append({"method": label, "error": found["error"]})
+            log(f"{label:<22} error: {found['error']}")
+            continue
+        rows += [{"method": label} | operator for operator in found["operators"]]
+        log(f"{label:<22} " + ", ".join(f"{operator['operator']} {100 * operator['share']:.0f}%"
+                                        for operator in found["operators"][:3]))
+    return rows
 
 
 def run_in_fresh_process(args: list[str], timeout: float) -> dict:

@@ -4,7 +4,8 @@ GPU time comes in short leases, so the work is cut into stages, each skipped onc
 writes exists (the grid resumes its partial runs): calling again continues where the last
 call stopped. The order puts first what one lease can finish: the Table 3 benchmark and the
 input-pipeline comparison, the module-parallel throughput, the max-batch search, the grid's
---jobs measurement, and then the Table 2 grid with whatever time is left. A lent machine is lost
+--jobs measurement, a profile of where a step's time goes, and then the Table 2 grid with
+whatever time is left. A lent machine is lost
 with everything on it, so a call can pack what it wrote (`pack`) for the way back. The analysis
 of finished runs (probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well
 (`make probes mutual-info figures tables`).
@@ -25,6 +26,7 @@ from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
                      "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4")
+PROFILE_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro-balanced:4", "infopro:16")
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,12 @@ def stages(results: Path, data_root: str | None) -> list[Stage]:
               lambda left: python + ["experiments.grid", GRID, *data, "--measure-jobs", "1", "2", "4", "6",
                                      "--bench-out", str(bench)],
               minutes=4),
+        Stage("profile", "the operators a step's time goes to, ResNet-110, batch 1024: E2E, checkpointing, "
+                         "greedy SL, InfoPro and InfoPro* at K = 4, InfoPro at K = 16",
+              lambda: bool(gpu_files(bench, "profile-resnet110-b1024-fp32-*.csv")),
+              lambda left: python + ["experiments.bench", "--measure", "profile", "--steps", "5",
+                                     "--methods", *PROFILE_METHODS, "--out", str(bench)],
+              minutes=3),
         Stage("table2", f"the {GRID} grid on {GRID_DATASET}, every seed, resumable",
               lambda: all(run_state(config, runs) == "done" for config in grid),
               lambda left: python + ["experiments.grid", GRID, *data, "--jobs", str(best_jobs(bench)),

@@ -131,7 +131,7 @@ def test_the_work_of_a_step_follows_what_each_method_computes():
 
 def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     result = run_cli("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods", "e2e",
-                     "infopro:2", "offload", "--measure", "steps", "pipeline", "work", "--pipeline-images", "128",
+                     "infopro:2", "offload", "--measure", "steps", "pipeline", "work", "profile", "--pipeline-images", "128",
                      "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     table = pd.read_csv(tmp_path / "resnet32-b32-fp32-cpu.csv").set_index("method")
@@ -145,6 +145,11 @@ def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     assert work.loc["offload", "step_flops"] == work.loc["e2e", "step_flops"] < work.loc["infopro:2", "step_flops"]
     assert work.loc["e2e", "step_operators"] < work.loc["infopro:2", "step_operators"]
     assert work["git_commit"].notna().all() and (work["batch_size"] == 32).all()
+    profile = pd.read_csv(tmp_path / "profile-resnet32-b32-fp32-cpu.csv")
+    assert set(profile["method"]) == {"e2e", "infopro:2", "offload"} and (profile["calls_per_step"] > 0).all()
+    for _, operators in profile.groupby("method"):
+        assert operators["share"].between(0, 1).all() and operators["share"].sum() <= 1 + 1e-9
+        assert "convolution" in operators.sort_values("share").iloc[-1]["operator"]  # a CPU step's biggest cost
 
 
 def test_bench_refuses_bad_input_in_one_line(tmp_path):

@@ -40,7 +40,7 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     bench = tmp_path / "bench"
     bench.mkdir()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
-    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "table2"]
+    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "table2"]
     assert not any(stage.done() for stage in plan.values())
     for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-cpu.csv"):
         (bench / name).touch()
@@ -48,6 +48,10 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     for name in ("resnet110-b1024-fp32-nvidia-h100.csv", "pipeline-resnet32-b1024-nvidia-h100.csv"):
         (bench / name).touch()
     assert plan["table3"].done()
+    (bench / "profile-resnet110-b1024-fp32-cpu.csv").touch()
+    assert not plan["profile"].done()
+    (bench / "profile-resnet110-b1024-fp32-nvidia-h100.csv").touch()
+    assert plan["profile"].done()
     assert best_jobs(bench) == 1
     pd.DataFrame({"jobs": [1, 2, 4], "best": [False, True, False]}).to_csv(
         bench / "grid-jobs-table2-resnet32-nvidia-h100.csv", index=False)
@@ -59,7 +63,7 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
 def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
     *stage_lines, counts, left = result.stdout.splitlines()
-    assert result.returncode == 0 and len(stage_lines) == 5
+    assert result.returncode == 0 and len(stage_lines) == 6
     assert all(line.startswith("to do") for line in stage_lines)
     assert (counts.strip(), left.strip()) == ("0 done, 0 partial, 39 missing",
                                               "39 runs not timed (no seed of theirs has run an epoch)")
