@@ -5,10 +5,9 @@ writes exists (the grid resumes its partial runs): calling again continues where
 call stopped. The order puts first what one lease can finish: the Table 3 benchmark and the
 input-pipeline comparison, the module-parallel throughput, the max-batch search, the grid's
 --jobs measurement, a profile of where a step's time goes, and then the Table 2 grid with
-whatever time is left. A lent machine is lost
-with everything on it, so a call can pack what it wrote (`pack`) for the way back. The analysis
-of finished runs (probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well
-(`make probes mutual-info figures tables`).
+whatever time is left. A lent machine is lost with everything on it, so a call can pack what it
+wrote (`pack`) for the way back. The analysis of finished runs (probes, I(h,x), I(h,y)) is not a
+stage: it runs on a CPU as well (`make probes mutual-info figures tables`).
 """
 
 import sys
