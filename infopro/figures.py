@@ -158,6 +158,13 @@ def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     return read_result(path, "bench", ("method", "step_flops_vs_e2e")) if path.is_file() else None
 
 
+def memory_figure(results):
+    """fig_memory from every architecture's step table, the runs, and the work counted at its batch."""
+    bench = load_bench(results)
+    work = {arch: load_work(results, rows) for arch, rows in bench.groupby("arch", sort=False)}
+    return plots.fig_memory(bench, runs_or_empty(results), {arch: w for arch, w in work.items() if w is not None})
+
+
 def table3(results) -> tuple[pd.DataFrame, str]:
     """Table 3 and its caption: the step table, test errors of runs, the paper's values, max batch if
     searched, the work of a step if counted."""
@@ -213,7 +220,7 @@ FIGURES = {
     "fig10": lambda r, pick: plots.fig10_mutual_information(pick(load_mutual_info(r))),
     "fig_info_plane": lambda r, pick: plots.fig_information_plane(pick(load_mutual_info(r))),
     "fig_curves": lambda r, pick: plots.fig_training_curves(pick(load_curves(r))),
-    "fig_memory": lambda r, pick: plots.fig_memory(load_bench(r), runs_or_empty(r)),
+    "fig_memory": lambda r, pick: memory_figure(r),
     "fig_schedule": lambda r, pick: plots.fig_schedule(*load_schedule_analysis(r)),
 }
 # The figures that show one recipe of the runs.

@@ -495,39 +495,56 @@ FAMILY_STYLE = {  # benchmark family -> (label, colour, marker)
 }
 
 
+def method_point(ax, x: float, y: float, result: pd.Series) -> None:
+    """One benchmarked method as a point in its family's style, labelled with its K."""
+    label, colour, marker = FAMILY_STYLE[result["family"]]
+    ax.scatter(x, y, color=colour, marker=marker, s=36, label=label)
+    ax.annotate("" if result["K"] == 1 else f"K={result['K']}", (x, y), fontsize=7, xytext=(3, 3),
+                textcoords="offset points")
+
+
+def no_data(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#666666")
+
+
 @styled
-def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame) -> Figure:
-    """Per benchmarked architecture: memory (% of E2E) vs test error, and time vs memory."""
+def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame, work: dict[str, pd.DataFrame] | None = None) -> Figure:
+    """Per benchmarked architecture: memory (% of E2E) vs test error, time vs memory, and time vs
+    operators where the work of a step was counted (`work`: architecture -> counts at the step
+    table's batch): the time overheads of InfoPro and checkpointing follow their operator counts."""
     from infopro.tables import errors_by_method, memory_column
 
+    work = work or {}
     archs = list(dict.fromkeys(bench["arch"]))
-    figure, axes = new_figure(8.4, 0.8 + 3.2 * len(archs), len(archs), 2)
+    figure, axes = new_figure(12.6, 0.8 + 3.2 * len(archs), len(archs), 3)
     notes = []
     for row, arch in enumerate(archs):
         rows = bench[(bench["arch"] == arch) & (bench["error"].isna() if "error" in bench else True)]
         column, described = memory_column(rows)
         errors, recipe = errors_by_method(runs, arch, rows["method"])
+        operators = {} if arch not in work else dict(zip(work[arch]["method"], work[arch]["step_operators_vs_e2e"]))
         for _, result in rows.iterrows():
-            label, colour, marker = FAMILY_STYLE[result["family"]]
-            memory = 100 * result[f"{column}_vs_e2e"]
-            text = "" if result["K"] == 1 else f"K={result['K']}"
+            memory, time = 100 * result[f"{column}_vs_e2e"], 100 * (result["step_seconds_vs_e2e"] - 1)
             if result["method"] in errors:
-                axes[row, 0].scatter(memory, errors[result["method"]][0], color=colour, marker=marker, s=36,
-                                     label=label)
-                axes[row, 0].annotate(text, (memory, errors[result["method"]][0]), fontsize=7,
-                                      xytext=(3, 3), textcoords="offset points")
-            axes[row, 1].scatter(memory, 100 * (result["step_seconds_vs_e2e"] - 1), color=colour, marker=marker,
-                                 s=36, label=label)
-            axes[row, 1].annotate(text, (memory, 100 * (result["step_seconds_vs_e2e"] - 1)), fontsize=7,
-                                  xytext=(3, 3), textcoords="offset points")
+                method_point(axes[row, 0], memory, errors[result["method"]][0], result)
+            method_point(axes[row, 1], memory, time, result)
+            if pd.notna(operators.get(result["method"])):
+                method_point(axes[row, 2], 100 * (operators[result["method"]] - 1), time, result)
         first = rows.iloc[0]
         where = f"{arch}, batch {first['batch_size']}"
         axes[row, 0].set(title=f"{where}: error vs memory", xlabel="memory (% of E2E)", ylabel="test error (%)")
         axes[row, 1].set(title=f"{where}: time vs memory", xlabel="memory (% of E2E)",
                          ylabel="step time overhead vs E2E (%)")
+        axes[row, 2].set(title=f"{where}: time vs operators", xlabel="operator overhead vs E2E (%)",
+                         ylabel="step time overhead vs E2E (%)")
         if not errors:
-            axes[row, 0].text(0.5, 0.5, f"no training runs of {arch} yet", transform=axes[row, 0].transAxes,
-                              ha="center", va="center", color="#666666")
+            no_data(axes[row, 0], f"no training runs of {arch} yet")
+        if operators:
+            axes[row, 2].axline((0, 0), slope=1, color="#999999", lw=0.8, ls=":")
+            notes.append(f"{arch} operators: ATen operators per step, counted on {work[arch]['device'].iloc[0]} "
+                         f"(dotted: time overhead = operator overhead)")
+        else:
+            no_data(axes[row, 2], f"work not counted at batch {first['batch_size']}")
         notes.append(f"{arch}: {first['precision']} on {first['device_name']}; memory = {described}")
         if errors:
             notes.append(f"{arch} test errors: final epoch of our runs ({recipe})")
