@@ -155,7 +155,7 @@ def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     they depend on shapes only). Operators may be blank: offload's, counted off a GPU."""
     first = bench.iloc[0]
     path = Path(results) / "bench" / f"work-{first['arch']}-b{first['batch_size']}.csv"
-    return read_result(path, "bench", ("method", "step_flops_vs_e2e")) if path.is_file() else None
+    return read_result(path, "bench", ("method", "step_flops_vs_e2e", "device")) if path.is_file() else None
 
 
 def memory_figure(results):

@@ -541,8 +541,7 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame, work: dict[str, pd.DataF
             no_data(axes[row, 0], f"no training runs of {arch} yet")
         if operators:
             axes[row, 2].axline((0, 0), slope=1, color="#999999", lw=0.8, ls=":")
-            notes.append(f"{arch} operators: ATen operators per step, counted on {work[arch]['device'].iloc[0]} "
-                         f"(dotted: time overhead = operator overhead)")
+            notes.append(f"{arch} operators: ATen operators per step, counted on {work[arch]['device'].iloc[0]}")
         else:
             no_data(axes[row, 2], f"work not counted at batch {first['batch_size']}")
         notes.append(f"{arch}: {first['precision']} on {first['device_name']}; memory = {described}")
@@ -550,6 +549,8 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame, work: dict[str, pd.DataF
             notes.append(f"{arch} test errors: final epoch of our runs ({recipe})")
         if first["device"] == "cpu":
             notes.append(f"{arch}: times measured on a shared CPU: indicative only")
+    if work:
+        notes.append("dotted: time overhead = operator overhead")
     shared_legend(figure, axes)
     footer(figure, "; ".join(notes) + ".")
     return figure

@@ -16,7 +16,7 @@ from nbclient import NotebookClient
 from conftest import REPO, run_main, unfinished_copy
 from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis,
-                             max_batch_path, recipe_rows, selection, table3_bench)
+                             max_batch_path, memory_figure, recipe_rows, selection, table3_bench)
 from infopro.plots import (fig8_linear_probes, fig_information_plane, fig_training_curves, figure_rows, layer_table,
                            main_recipe, with_method)
 from infopro.records import read_json
@@ -40,7 +40,7 @@ def test_every_target_builds_from_the_committed_results(target, results_copy):
     assert paths and all(path.stat().st_size > 0 for path in paths)
 
 
-def test_table3_shows_the_max_batch_search_and_flops_and_ignores_other_bench_csvs(tmp_path):
+def test_table3_shows_the_max_batch_search_and_the_work_and_ignores_other_bench_csvs(tmp_path):
     """Stand-in CSVs of the other measurements in bench/ (their real ones come from a GPU, or from
     another batch size: the work counted at a batch other than the step table's is not its)."""
     results = tmp_path / "results"
@@ -53,7 +53,7 @@ def test_table3_shows_the_max_batch_search_and_flops_and_ignores_other_bench_csv
     bench = table3_bench(results)
     for batch, checkpoint in ((bench["batch_size"].iloc[0], 1.25), (8, 2.0)):
         pd.DataFrame({"method": ["e2e", "checkpoint"], "step_flops_vs_e2e": [1.0, checkpoint],
-                      "step_operators_vs_e2e": [1.0, 1.5]}).to_csv(
+                      "step_operators_vs_e2e": [1.0, 1.5], "device": "cpu"}).to_csv(
             results / "bench" / f"work-{bench['arch'].iloc[0]}-b{batch}.csv", index=False)
     build("fig_memory", results)
     build("table3", results)
@@ -64,6 +64,15 @@ def test_table3_shows_the_max_batch_search_and_flops_and_ignores_other_bench_csv
     assert list(table.loc[["e2e", "checkpoint", "offload"], "ours: FLOPs vs E2E"]) == ["+0.0%", "+25.0%", "–"]
     assert table.loc["checkpoint", "ours: operators vs E2E"] == "+50.0%"
     assert table.loc["checkpoint", "paper: theoretical"] == "+32.8%"  # results/reference/table3.csv
+
+
+def test_fig_memory_sets_time_against_operators_where_the_work_was_counted():
+    """One point per method whose operators were counted at the step table's batch (offload's are
+    not, off a GPU): ResNet-110's 16 methods and ResNet-32's 13 in the committed results."""
+    figure = memory_figure(RESULTS)
+    time_vs_operators = [ax for ax in figure.axes if ax.get_title().endswith("time vs operators")]
+    assert [len(ax.collections) for ax in time_vs_operators] == [15, 12]
+    assert all(ax.get_lines() for ax in time_vs_operators)  # the diagonal
 
 
 def test_make_fig8_works_right_after_set_up(tmp_path):
