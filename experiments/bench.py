@@ -52,7 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--measure", nargs="+", default=["steps"], choices=MEASUREMENTS,
                    help="steps: the step table (default); max-batch: each method's largest batch under "
                         "--caps (CUDA); pipeline: one epoch of our pipeline vs a DataLoader; work: each "
-                        "method's FLOPs, operators and bytes accessed per step (one untimed step each); profile: "
+                        "method's FLOPs, operators and bytes accessed per step (one untimed step each, E2E's "
+                        "always); profile: "
                         "the operators a step's time goes to (--steps profiled steps after --warmup)")
     p.add_argument("--caps", metavar="GIB,...", type=gib_list, default=[2.0, 4.0, 8.0],
                    help="CUDA allocation caps for --measure max-batch (default 2,4,8)")
@@ -132,7 +133,8 @@ def main(argv=None):
         print(pd.DataFrame(rows).pivot(index="method", columns="cap_gib", values="max_batch"))
         print(f"wrote {path}")
     if "work" in args.measure:
-        table = count_work(methods, args.arch, args.batch_size, args.precision, device)
+        counted = methods if "e2e" in methods else ["e2e", *methods]  # the ratios need E2E, counted alike
+        table = count_work(counted, args.arch, args.batch_size, args.precision, device)
         path = Path(args.out) / f"work-{args.arch}-b{args.batch_size}.csv"
         write_csv(path, table.assign(**{key: value for key, value in context.items() if key not in ("steps", "warmup")})
                   .to_dict("records"))

@@ -129,6 +129,14 @@ def test_the_work_of_a_step_follows_what_each_method_computes():
     assert work.loc["e2e", "step_operators"] > 3 * 31  # a convolution, a normalisation and a ReLU per layer at least
 
 
+def test_work_is_counted_beside_e2e_even_when_e2e_is_not_asked_for(tmp_path):
+    result = run_main("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods",
+                      "greedy:2", "--measure", "work", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    work = pd.read_csv(tmp_path / "work-resnet32-b32.csv").set_index("method")
+    assert list(work.index) == ["e2e", "greedy:2"] and work.loc["e2e", "step_operators_vs_e2e"] == 1
+
+
 def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     result = run_cli("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods", "e2e",
                      "infopro:2", "offload", "--measure", "steps", "pipeline", "work", "profile", "--pipeline-images", "128",
