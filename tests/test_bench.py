@@ -1,5 +1,5 @@
 """The benchmark: its exact memory measure, its method names, its search, every method's memory and
-arithmetic, the CLI."""
+work, the CLI."""
 
 import gc
 
@@ -122,7 +122,8 @@ def test_the_work_of_a_step_follows_what_each_method_computes():
     work = count_work(methods, "resnet32", 16, "fp32", torch.device("cpu"), log=lambda line: None).set_index("method")
     flops, operators = work["step_flops_vs_e2e"], work["step_operators_vs_e2e"]
     assert flops["offload"] == 1 and 1.1 < flops["checkpoint"] < 4 / 3
-    assert flops["greedy:16"] < 1 < flops["infopro-softmax:16"] < flops["infopro:16"] < 1.01 * flops["infopro-softmax:16"]
+    assert flops["greedy:16"] < 1 < flops["infopro-softmax:16"] < flops["infopro:16"]
+    assert flops["infopro:16"] < 1.01 * flops["infopro-softmax:16"]
     assert pd.isna(operators["offload"]) and pd.isna(work.loc["offload", "step_bytes_accessed"])
     assert 1 < operators["checkpoint"] < 2 and 1 < work.loc["checkpoint", "step_bytes_accessed_vs_e2e"] < 2
     assert 1 < operators["infopro-softmax:16"] < operators["infopro:16"]
@@ -139,8 +140,8 @@ def test_work_is_counted_beside_e2e_even_when_e2e_is_not_asked_for(tmp_path):
 
 def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     result = run_cli("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods", "e2e",
-                     "infopro:2", "offload", "--measure", "steps", "pipeline", "work", "profile", "--pipeline-images", "128",
-                     "--out", str(tmp_path))
+                     "infopro:2", "offload", "--measure", "steps", "pipeline", "work", "profile",
+                     "--pipeline-images", "128", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     table = pd.read_csv(tmp_path / "resnet32-b32-fp32-cpu.csv").set_index("method")
     assert list(table.index) == ["e2e", "infopro:2", "offload"]
