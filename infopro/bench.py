@@ -277,7 +277,7 @@ def step_work(method: Method, arch: str, batch_size: int, precision: str, device
     """FLOPs, operators and bytes accessed of one step, forward and backward, recomputation included.
 
     FLOPs are those of convolutions and matrix products (`torch.utils.flop_counter`: elementwise
-    work, normalisation, pooling and up-sampling have none). Offload's operators and bytes are
+    work, normalisation, pooling and up-sampling are not counted). Offload's operators and bytes are
     left empty off a GPU, where its copies to host memory do not happen.
     """
     _, _, _, forward_backward = prepare_step(method, arch, batch_size, precision, device)
