@@ -14,8 +14,8 @@ ResNet-110, batch 1024): E2E 9.40 GB; checkpointing 3.91 GB at +27.5% time; Info
 infopro/bench.py for what is measured and how. On one H100 the step table and the pipeline
 comparison took 5.7 min together.
 On 2 CPU cores a ResNet-110 step at batch 1024 takes about 30 s: the committed CPU run used
---steps 2 --warmup 1 and eight methods (22 min, with the pipeline comparison). The work of a
-step depends on shapes only; the committed counts were made on the CPU, one step per method.
+--steps 2 --warmup 1 and eight methods (22 min, with the pipeline comparison). A step's FLOPs
+depend on shapes only; the committed work counts were made on the CPU, one step per method.
 """
 
 import argparse

@@ -23,14 +23,14 @@ peak saved-activation bytes (`SavedActivations`; not defined for checkpoint/offl
 manage saved tensors themselves). Parameters, gradients-to-be and optimizer state are
 reported separately; the benchmark holds one batch, not a dataset, on the device.
 
-Work (`step_work`), three device-independent counts of one step, forward and backward with any
-recomputation: `step_flops`, the FLOPs of its convolutions and matrix products
-(`torch.utils.flop_counter`); `step_operators`, the ATen operators it dispatches, views excluded
-(a proxy for kernel launches); `step_bytes_accessed`, the bytes of those operators' inputs and
-outputs (the memory traffic if nothing were fused or cached). They depend on shapes only, so
-counts made on the CPU hold on every device, except offload's operators and bytes: its copies
-to host memory happen only on a GPU. Set beside step times, they say which kind of work a
-method's time overhead follows.
+Work (`step_work`), three counts of one step, forward and backward with any recomputation:
+`step_flops`, the FLOPs of its convolutions and matrix products (`torch.utils.flop_counter`);
+`step_operators`, the ATen operators it dispatches, views excluded (a proxy for kernel launches);
+`step_bytes_accessed`, the bytes of those operators' inputs and outputs (the memory traffic if
+nothing were fused or cached). FLOPs and bytes depend on shapes only, so counts made on the CPU
+hold on every device; operators are those dispatched on the counting device. Offload's operators
+and bytes count only on a GPU, where its copies to host memory happen. Set beside step times,
+they say which kind of work a method's time overhead follows.
 
 Profile (`profile_step`): where a step's time goes, per ATen operator: its calls and its self
 time on the device (the kernels it launched; on a CPU its own time) per step, from

@@ -152,7 +152,7 @@ def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
 
 def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     """The work counts of the step table's architecture and batch, if they were made (on any device:
-    they depend on shapes only). Operators may be blank: offload's, counted off a GPU."""
+    FLOPs depend on shapes only). Operators may be blank: offload's, counted off a GPU."""
     first = bench.iloc[0]
     path = Path(results) / "bench" / f"work-{first['arch']}-b{first['batch_size']}.csv"
     return read_result(path, "bench", ("method", "step_flops_vs_e2e", "device")) if path.is_file() else None

@@ -309,8 +309,8 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
     if work is not None:
         caption += (" FLOPs and operators vs E2E: the FLOPs of a step's convolutions and matrix products "
                     "(torch.utils.flop_counter) and the ATen operators it dispatches, views excluded, forward and "
-                    "backward with recomputation; shapes only, so the same on every device (– : offload's copies, "
-                    "which happen only on a GPU, were not counted).")
+                    f"backward with recomputation, counted on {work['device'].iloc[0]} (FLOPs depend on shapes only; "
+                    "– : offload's copies, which happen only on a GPU, were not counted).")
     if max_batch is not None:
         caption += (" Max batch: the largest batch that trains under a real CUDA allocation cap, to within 2% "
                     "(– : not searched; offload's activations live in host memory, which the cap does not bound).")
