@@ -522,7 +522,9 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame, work: dict[str, pd.DataF
         rows = bench[(bench["arch"] == arch) & (bench["error"].isna() if "error" in bench else True)]
         column, described = memory_column(rows)
         errors, recipe = errors_by_method(runs, arch, rows["method"])
-        operators = {} if arch not in work else dict(zip(work[arch]["method"], work[arch]["step_operators_vs_e2e"]))
+        counted = work.get(arch, pd.DataFrame())
+        operators = dict(zip(counted["method"], counted["step_operators_vs_e2e"])) \
+            if "step_operators_vs_e2e" in counted else {}
         for _, result in rows.iterrows():
             memory, time = 100 * result[f"{column}_vs_e2e"], 100 * (result["step_seconds_vs_e2e"] - 1)
             if result["method"] in errors:

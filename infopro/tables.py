@@ -326,7 +326,7 @@ def extra_work(work: pd.DataFrame | None, method: str) -> dict:
     if work is None:
         return {}
     counted = work.set_index("method")
-    ratios = {name: counted.at[method, column] if method in counted.index else None
+    ratios = {name: counted[column].get(method) if column in counted else None
               for name, column in WORK_COLUMNS.items()}
     return {name: "–" if ratio is None or pd.isna(ratio) else f"{100 * (ratio - 1):+.1f}%"
             for name, ratio in ratios.items()}

@@ -21,7 +21,7 @@ from infopro.plots import (fig8_linear_probes, fig_information_plane, fig_traini
                            main_recipe, with_method)
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs, training_curves
-from infopro.tables import mean_std, schedule_check, table2, to_latex
+from infopro.tables import extra_work, mean_std, schedule_check, table2, to_latex
 
 RESULTS = REPO / "results"
 
@@ -64,6 +64,12 @@ def test_table3_shows_the_max_batch_search_and_the_work_and_ignores_other_bench_
     assert list(table.loc[["e2e", "checkpoint", "offload"], "ours: FLOPs vs E2E"]) == ["+0.0%", "+25.0%", "–"]
     assert table.loc["checkpoint", "ours: operators vs E2E"] == "+50.0%"
     assert table.loc["checkpoint", "paper: theoretical"] == "+32.8%"  # results/reference/table3.csv
+
+
+def test_a_work_csv_without_operator_counts_shows_its_flops_and_a_dash():
+    """A work CSV written before operators were counted, or cut to FLOPs by hand, was a KeyError."""
+    flops_only = pd.DataFrame({"method": ["e2e", "checkpoint"], "step_flops_vs_e2e": [1.0, 1.25]})
+    assert extra_work(flops_only, "checkpoint") == {"ours: FLOPs vs E2E": "+25.0%", "ours: operators vs E2E": "–"}
 
 
 def test_fig_memory_sets_time_against_operators_where_the_work_was_counted():
