@@ -11,9 +11,9 @@ What makes R ranks compute what one process computes on the same global batch:
   gradients are averaged while module k+1 computes, and the gradient isolation between
   modules is kept. A rank weighs its mean losses by R·n_r/B (its n_r of the B rows), so the
   average is the gradient of the global batch's mean loss even when shards differ in size.
-* BatchNorm: every BatchNorm2d (backbone, decoders, auxiliary heads) takes its training
-  statistics over the whole global batch (`GlobalBatchNorm2d`); per-shard statistics would
-  be a different model. torch's SyncBatchNorm runs on GPUs only, this one on gloo too.
+* BatchNorm: every BatchNorm2d (backbone, decoders, auxiliary heads) and BatchNorm1d (DGL's
+  auxiliary MLP) takes its training statistics over the whole global batch (`GlobalStatistics`);
+  per-shard statistics would be a different model. torch's SyncBatchNorm runs on GPUs only, this one on gloo too.
 * Supervised contrastive loss: the anchors are a rank's rows, the contrast set is the whole
   batch, gathered differentiably.
 
@@ -79,20 +79,21 @@ class RankSums:
         return gathered, rows.start
 
 
-class GlobalBatchNorm2d(nn.BatchNorm2d):
-    """BatchNorm2d whose training statistics are those of the whole global batch across ranks.
+class GlobalStatistics:
+    """Batch normalisation whose training statistics are those of the whole global batch across ranks.
 
-    Two-pass (mean, then mean squared deviation) for accuracy; the running statistics are
-    updated as nn.BatchNorm2d does (momentum, unbiased variance), identically on every rank.
-    In eval mode it is nn.BatchNorm2d. Same parameters, buffers and state-dict keys.
+    Mixed into nn.BatchNorm2d and nn.BatchNorm1d (DGL's auxiliary MLP). Two-pass (mean, then
+    mean squared deviation) for accuracy; the running statistics are updated as PyTorch's layers
+    do (momentum, unbiased variance), identically on every rank. In eval mode it is the plain
+    layer. Same parameters, buffers and state-dict keys.
     """
 
-    def __init__(self, batchnorm: nn.BatchNorm2d, sums: RankSums):
+    def __init__(self, batchnorm: nn.Module, sums: RankSums):
         super().__init__(batchnorm.num_features, batchnorm.eps, batchnorm.momentum, batchnorm.affine,
                          batchnorm.track_running_stats)
         if batchnorm.momentum is None or not batchnorm.affine or not batchnorm.track_running_stats:
             raise InfoProError("data-parallel BatchNorm supports affine layers with running statistics "
-                               "and a momentum (as every BatchNorm2d of this repository has)")
+                               "and a momentum (as every BatchNorm of this repository has)")
         self.weight, self.bias = batchnorm.weight, batchnorm.bias
         self.running_mean, self.running_var = batchnorm.running_mean, batchnorm.running_var
         self.num_batches_tracked = batchnorm.num_batches_tracked
@@ -102,26 +103,39 @@ class GlobalBatchNorm2d(nn.BatchNorm2d):
         if not self.training:
             return super().forward(input)
         x = upcast(input)
+        over = (0, *range(2, x.dim()))          # every dimension but the channels
+        channels = (1, -1) + (1,) * (x.dim() - 2)
         per_channel = x.numel() // x.shape[1]
-        local = torch.cat([x.sum((0, 2, 3)), x.new_full((1,), per_channel)])
+        local = torch.cat([x.sum(over), x.new_full((1,), per_channel)])
         total = self.sums.sum(local)
         count = total[-1].detach()
         mean = total[:-1] / count
-        centered = x - mean[None, :, None, None]
-        var = self.sums.sum((centered * centered).sum((0, 2, 3))) / count
+        centered = x - mean.view(channels)
+        var = self.sums.sum((centered * centered).sum(over)) / count
         with torch.no_grad():
             self.running_mean.lerp_(mean, self.momentum)
             self.running_var.lerp_(var * count / (count - 1), self.momentum)
             self.num_batches_tracked += 1
         scale = self.weight * torch.rsqrt(var + self.eps)
-        return (centered * scale[None, :, None, None] + self.bias[None, :, None, None]).to(input.dtype)
+        return (centered * scale.view(channels) + self.bias.view(channels)).to(input.dtype)
+
+
+class GlobalBatchNorm2d(GlobalStatistics, nn.BatchNorm2d):
+    """nn.BatchNorm2d with the whole global batch's statistics (backbone, decoders, auxiliary heads)."""
+
+
+class GlobalBatchNorm1d(GlobalStatistics, nn.BatchNorm1d):
+    """nn.BatchNorm1d with the whole global batch's statistics (DGL's auxiliary MLP)."""
+
+
+GLOBAL_BATCHNORM = {nn.BatchNorm2d: GlobalBatchNorm2d, nn.BatchNorm1d: GlobalBatchNorm1d}
 
 
 def globalise_batchnorm(module: nn.Module, sums: RankSums) -> None:
-    """Replace, in place, every nn.BatchNorm2d under `module` by a GlobalBatchNorm2d sharing its tensors."""
+    """Replace, in place, every nn.BatchNorm2d and nn.BatchNorm1d under `module` by its global-statistics twin."""
     for name, child in module.named_children():
-        if isinstance(child, nn.BatchNorm2d) and not isinstance(child, GlobalBatchNorm2d):
-            setattr(module, name, GlobalBatchNorm2d(child, sums))
+        if type(child) in GLOBAL_BATCHNORM:
+            setattr(module, name, GLOBAL_BATCHNORM[type(child)](child, sums))
         else:
             globalise_batchnorm(child, sums)
 
@@ -131,15 +145,6 @@ def shard(batch_size: int, rank: int, world_size: int) -> slice:
     base, extra = divmod(batch_size, world_size)
     start = rank * base + min(rank, extra)
     return slice(start, start + base + (rank < extra))
-
-
-def check_shardable(train_size: int, batch_size: int, world_size: int) -> None:
-    """Every batch of an epoch, the last included, must give each rank at least one row."""
-    smallest = train_size % batch_size or batch_size
-    if smallest < world_size:
-        raise InfoProError(f"the last batch of each epoch holds {smallest} images ({train_size} mod "
-                           f"{batch_size}), fewer than the {world_size} ranks; change --batch-size or "
-                           f"--train-subset")
 
 
 class DataParallel(OneProcess):
@@ -166,8 +171,7 @@ class DataParallel(OneProcess):
 
         def open_on_rank_zero():
             data = load_splits(config, self.device, data_root, download)
-            check_shardable(len(data[1]), config.batch_size, self.me.world_size)
-            opened = open_run(config, out, data, self.device, resume, record)
+            opened = open_run(config, out, data, self.device, resume, record, self.me.world_size)
             return opened, {"finished": opened.finished, "checkpoint": opened.checkpoint}
 
         opened, start = on_rank_zero(self.me, open_on_rank_zero)

@@ -27,6 +27,9 @@ TABLE2_VARIANTS = (
     + SOFTMAX_VARIANTS
 )
 
+# DGL (Belilovsky et al., 2020), the baseline row of the paper's Table 2 that its code does not have.
+DGL_VARIANTS = tuple(dict(regime="dgl", K=K) for K in PAPER_KS)
+
 # InfoPro*: the memory-balanced splits of Table 3 (ResNet-110), contrastive task term as the paper's commands.
 BALANCED_VARIANTS = tuple(dict(regime="infopro", task_loss="contrast", K=K, split="balanced") for K in (2, 3, 4))
 
@@ -78,15 +81,19 @@ GRIDS = {
         "resnet110", "Paper Table 2, ResNet-110 on CIFAR-10: the table2-resnet32 grid on the deeper network (its "
         "E2E run is table3-resnet110's); on one H100 alone an E2E or greedy SL run is about 9 min of steps, "
         "InfoPro (Contrast) K=16 about 22 (the benchmark's step times, ResNet-110, batch 1024, measured before 7fef106)"),
+    "table2-dgl-resnet32": Grid(
+        "Paper Table 2's DGL row, ResNet-32 on CIFAR-10: DGL at K=2,4,8,16, three seeds, the paper's recipe "
+        "(E2E, greedy SL and InfoPro are table2-resnet32's)",
+        dict(arch="resnet32", dataset="cifar10"), DGL_VARIANTS, seeds=(0, 1, 2)),
     "table3-resnet110": Grid(
         "Paper Table 3's test errors, ResNet-110 on CIFAR-10: E2E (gradient checkpointing trains the same "
         "network) and InfoPro* (memory-balanced splits) at K=2,3,4; the paper's recipe",
         dict(arch="resnet110", dataset="cifar10"), (dict(regime="e2e", K=1),) + BALANCED_VARIANTS, seeds=(0, 1, 2)),
     "cpu-fixture": Grid(
         "Small real fixture made on CPU so that figures build before GPU runs exist: ResNet-32 on "
-        "10,000 cifar10-jpeg training images, 12 epochs, batch 128, lr 0.1; E2E, greedy SL and InfoPro "
-        "(contrast, softmax) at K=2,4,8,16",
-        CPU_FIXTURE_RECIPE, TABLE2_VARIANTS),
+        "10,000 cifar10-jpeg training images, 12 epochs, batch 128, lr 0.1; E2E, greedy SL, InfoPro "
+        "(contrast, softmax) and DGL at K=2,4,8,16",
+        CPU_FIXTURE_RECIPE, TABLE2_VARIANTS + DGL_VARIANTS),
     "cpu-schedule-check": Grid(
         "Does the CPU fixture's ordering of greedy SL and InfoPro hold with a longer schedule? "
         "The cpu-fixture recipe at 36 epochs (3x) for greedy SL and InfoPro (contrast, softmax) at K=2, 4, 8 and 16, "

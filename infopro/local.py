@@ -6,6 +6,8 @@ and softmax cross-entropy):
 * ``e2e``     K = 1: nothing local;
 * ``greedy``  greedy supervised learning: global pool + one linear layer, cross-entropy
               (the paper code's "0c1f" head);
+* ``dgl``     decoupled greedy learning (Belilovsky et al., 2020), the baseline of the paper's
+              Table 2: cross-entropy through DGL's deeper "MLP-SR" auxiliary classifier;
 * ``infopro`` λ1 · BCE(decoder(h), x) + λ2 · task term, the surrogate -λ1 I(h,x) - λ2 I(h,y):
               the decoder keeps information about the input x, the task term (supervised
               contrastive on a 128-d embedding, or softmax cross-entropy) about the label y;
@@ -15,6 +17,8 @@ Objectives are loss modules (`objective(h, x, y) -> loss`); the trainer decides 
 graph is cut and when `backward` runs.
 """
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -23,7 +27,7 @@ from infopro.errors import InfoProError
 from infopro.models import CifarResNet, build_backbone, init_like_paper
 from infopro.splits import LossWeights
 
-REGIMES = ("e2e", "greedy", "infopro")
+REGIMES = ("e2e", "greedy", "dgl", "infopro")
 TASK_LOSSES = ("contrast", "softmax")
 CONTRAST_DIM = 128          # embedding size of the contrastive head (--aux_net_feature_dim)
 HIDDEN_DIM = 128            # hidden width of the auxiliary head's two FC layers
@@ -133,6 +137,30 @@ class GreedyObjective(nn.Module):
 
     def forward(self, h, x, y):
         return F.cross_entropy(self.classifier(h), y)
+
+
+class DGLObjective(nn.Module):
+    """DGL: softmax cross-entropy of DGL's "MLP-SR" auxiliary classifier on h (C channels, s x s).
+
+    Average pooling to ceil(s/4) x ceil(s/4) (the spatial reduction, "SR"), three 1x1
+    conv-BN-ReLU at C channels, average pooling to 2x2, then three Linear-BN-ReLU of width 4C
+    and a linear layer to the classes: the "mlp-sr" auxiliary problem of DGL's own code
+    (eugenium/DGL, auxiliary_nets_study). The InfoPro paper does not say which auxiliary net its
+    DGL row used (facts §3); this is DGL's, so the row tests DGL as its authors defined it.
+    """
+
+    def __init__(self, in_channels: int, size: int, num_classes: int):
+        super().__init__()
+        width = 4 * in_channels
+        mixing = [layer for _ in range(3) for layer in
+                  (nn.Conv2d(in_channels, in_channels, 1, bias=False), nn.BatchNorm2d(in_channels), nn.ReLU(inplace=True))]
+        mlp = [layer for _ in range(3) for layer in
+               (nn.Linear(width, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True))]
+        self.classifier = nn.Sequential(nn.AdaptiveAvgPool2d(math.ceil(size / 4)), *mixing,
+                                        nn.AdaptiveAvgPool2d(2), nn.Flatten(), *mlp, nn.Linear(width, num_classes))
+
+    def forward(self, h, x, y):
+        return F.cross_entropy(upcast(self.classifier(h)), y)
 
 
 class InfoProObjective(nn.Module):
@@ -246,6 +274,12 @@ class LocalNet(nn.Module):
         return owner
 
 
+def rows_per_batch(regime: str) -> int:
+    """Samples a training batch must hold for the regime's batch normalisation: two under DGL, whose
+    auxiliary MLP normalises feature vectors (BatchNorm1d), else one (BatchNorm2d has pixels too)."""
+    return 2 if regime == "dgl" else 1
+
+
 def check_e2e_is_one_module(regime: str, K: int) -> None:
     """Refuse E2E with K > 1: E2E back-propagates through the whole network, so it has no cut."""
     if regime == "e2e" and K != 1:
@@ -266,6 +300,8 @@ def build_local_net(arch: str, regime: str, ends: list[int], weights: LossWeight
         channels, size, _ = backbone.layer_shape(end)
         if regime == "greedy":
             objectives.append(GreedyObjective(channels, num_classes))
+        elif regime == "dgl":
+            objectives.append(DGLObjective(channels, size, num_classes))
         else:
             objectives.append(InfoProObjective(channels, size, num_classes, task_loss,
                                                weights.lambda1[k], weights.lambda2[k]))

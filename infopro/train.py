@@ -29,7 +29,7 @@ import torch
 from infopro.data import DATASETS, Split, augmented_batch, load_dataset, normalise, shuffled_batches, to_unit
 from infopro.errors import DataError, DivergedError, InfoProError, RunDirError
 from infopro.local import (REGIMES, TASK_LOSSES, LocalModule, LocalNet, build_local_net, check_e2e_is_one_module,
-                           run_layers)
+                           rows_per_batch, run_layers)
 from infopro.memory import SavedActivations, cuda_peak
 from infopro.models import ARCHS
 from infopro.records import encode_correct, load_torch, provenance, read_json, save_torch, write_csv, write_json
@@ -403,10 +403,25 @@ def subset_of(split: Split, n: int | None, name: str, dataset: str) -> Split:
     return split.subset(n)
 
 
+def check_batches(config: TrainConfig, train_size: int, ranks: int = 1) -> None:
+    """Every batch of an epoch, the last included, must give each of `ranks` data-parallel processes
+    a row, and hold the rows the regime's batch normalisation needs (two under DGL: its BatchNorm1d
+    cannot normalise one sample; data-parallel BatchNorm takes the whole batch's statistics)."""
+    smallest = train_size % config.batch_size or config.batch_size
+    rows = rows_per_batch(config.regime)
+    if smallest < max(rows, ranks):
+        holds = f"{smallest} image{'s' * (smallest > 1)} ({train_size} mod {config.batch_size})"
+        need = f"the {ranks} ranks" if ranks >= rows else f"the {rows} that {config.regime}'s batch normalisation needs"
+        raise InfoProError(f"the last batch of each epoch holds {holds}, fewer than {need}; "
+                           f"change --batch-size or --train-subset")
+
+
 def open_run(config: TrainConfig, out, data, device: torch.device, resume: bool = False,
-             extra_record: dict | None = None) -> OpenedRun:
-    """Open (or refuse) the run directory `out` of `config` trained on `data` (from `load_splits`)."""
+             extra_record: dict | None = None, ranks: int = 1) -> OpenedRun:
+    """Open (or refuse) the run directory `out` of `config` trained on `data` (from `load_splits`)
+    by `ranks` data-parallel processes."""
     dataset, train_split, test_split = data
+    check_batches(config, len(train_split), ranks)
     record = run_record(config, dataset, train_split, test_split, device) | (extra_record or {})
     run = RunDir(out, record)
     checkpoint = run.open(resume)

@@ -9,15 +9,16 @@ import torch
 
 from conftest import run_cli
 from experiments.train import replica_job
-from infopro.data_parallel import DataParallel, check_shardable, shard
+from infopro.data_parallel import DataParallel, shard
 from infopro.distributed import spawn_ranks
 from infopro.errors import InfoProError
-from infopro.train import TrainConfig, build_net, train, train_step
+from infopro.train import TrainConfig, build_net, check_batches, train, train_step
 
 BATCH = 41  # odd: the ranks' shards differ in size
 STEP_CASES = [
     ("e2e", 1, None, {}, 2),
     ("greedy", 4, None, {}, 3),
+    ("dgl", 4, None, {}, 3),  # BatchNorm1d in its auxiliary MLP: whole-batch statistics too
     # module 1 reconstructs only, module 2 contrasts only: idle heads, and a contrast set across ranks
     ("infopro", 3, "contrast", {"lambda1": (1.0, 0.0), "lambda2": (0.0, 1.0)}, 2),
     ("infopro", 2, "softmax", {}, 2),
@@ -93,14 +94,24 @@ def test_a_data_parallel_run_is_the_single_process_run_and_either_trainer_resume
 def test_shards_cover_the_batch_and_differ_by_at_most_one_row():
     rows = [shard(41, rank, 3) for rank in range(3)]
     assert [(r.start, r.stop) for r in rows] == [(0, 14), (14, 28), (28, 41)]
-    with pytest.raises(InfoProError, match="last batch of each epoch holds 1 images .* fewer than the 2 ranks"):
-        check_shardable(301, 50, 2)
-    check_shardable(300, 50, 2)
+    greedy = TrainConfig(regime="greedy", K=2, batch_size=50)
+    with pytest.raises(InfoProError, match=r"last batch of each epoch holds 1 image \(301 mod 50\), fewer than the 2 ranks"):
+        check_batches(greedy, 301, ranks=2)
+    check_batches(greedy, 300, ranks=2)
+    check_batches(greedy, 301)
+
+
+def test_dgl_refuses_a_last_batch_of_one_image_but_not_a_shard_of_one():
+    """DGL's BatchNorm1d cannot normalise one sample; data-parallel statistics span the whole batch."""
+    dgl = TrainConfig(regime="dgl", K=2, batch_size=50)
+    with pytest.raises(InfoProError, match="holds 1 image .*fewer than the 2 that dgl's batch normalisation needs"):
+        check_batches(dgl, 301)
+    check_batches(dgl, 302, ranks=2)
 
 
 def test_an_unshardable_batch_stops_every_rank_with_one_line(tmp_path, capfd):
     config = TrainConfig(regime="greedy", K=2, **{**SMALL, "train_subset": 301, "batch_size": 50})
-    with pytest.raises(InfoProError, match="^rank 0: the last batch of each epoch holds 1 images"):
+    with pytest.raises(InfoProError, match="^rank 0: the last batch of each epoch holds 1 image "):
         data_parallel(config, tmp_path / "run", ranks=2)
     assert capfd.readouterr().err == ""
     assert not (tmp_path / "run").exists()

@@ -176,7 +176,7 @@ def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
     assert chosen.returncode == 0, chosen.stderr
     assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()[:-2]] == [
         f"cifar10-jpeg-resnet32-{method}-K2-n10000-e12-b128-s2"
-        for method in ("greedy", "infopro-contrast", "infopro-softmax")]
+        for method in ("greedy", "infopro-contrast", "infopro-softmax", "dgl")]
     refused = run_main("experiments.grid", "cpu-fixture", "--only", "K3-", "--status", "--out", str(tmp_path))
     assert refused.returncode == 2 and refused.stderr.strip() == "error: no configuration of the grid matches K3-"
 

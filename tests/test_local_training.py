@@ -2,14 +2,15 @@
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from infopro.local import supervised_contrastive_loss
+from infopro.local import DGLObjective, supervised_contrastive_loss
 from infopro.memory import SavedActivations
 from infopro.train import TrainConfig, build_net, prepare_input, train, train_step
 
-REGIMES = [("e2e", 1, None), ("greedy", 4, None), ("infopro", 4, "contrast"), ("infopro", 4, "softmax")]
+REGIMES = [("e2e", 1, None), ("greedy", 4, None), ("dgl", 4, None), ("infopro", 4, "contrast"), ("infopro", 4, "softmax")]
 
 
 def fixed_batch(n=16, seed=0):
@@ -35,7 +36,7 @@ def module_loss(net, k, x, y):
     return F.cross_entropy(net.backbone.head(h), y)
 
 
-@pytest.mark.parametrize("regime,task", [("greedy", None), ("infopro", "contrast")])
+@pytest.mark.parametrize("regime,task", [("greedy", None), ("dgl", None), ("infopro", "contrast")])
 def test_no_gradient_crosses_a_module_boundary(regime, task):
     x, y = fixed_batch()
     net = build_net(TrainConfig(regime=regime, K=4, task_loss=task, dataset="synthetic"))
@@ -51,6 +52,22 @@ def test_no_gradient_crosses_a_module_boundary(regime, task):
                 assert p.grad is None or torch.allclose(p.grad, combined[name], atol=1e-6), name
             else:
                 assert p.grad is None, f"module {k}'s loss reached {name} (module {owner[name]})"
+
+
+@pytest.mark.parametrize("channels,size,reduced", [(16, 32, 8), (32, 16, 4), (64, 8, 2)])
+def test_dgl_auxiliary_net_is_dgls_mlp_sr(channels, size, reduced):
+    """Spatial reduction to ceil(s/4), three 1x1 convolutions at C channels, 2x2 pooling, three
+    4C-wide Linear-BN-ReLU layers and a linear layer to the classes, on every stage of ResNet-32."""
+    layers = list(DGLObjective(channels, size, 10).classifier)
+    pools = [layer.output_size for layer in layers if isinstance(layer, nn.AdaptiveAvgPool2d)]
+    convs = [(layer.in_channels, layer.out_channels, layer.kernel_size) for layer in layers if isinstance(layer, nn.Conv2d)]
+    linears = [(layer.in_features, layer.out_features) for layer in layers if isinstance(layer, nn.Linear)]
+    assert pools == [reduced, 2] and convs == [(channels, channels, (1, 1))] * 3
+    assert linears == [(4 * channels, 4 * channels)] * 3 + [(4 * channels, 10)]
+    assert sum(isinstance(layer, nn.BatchNorm1d) for layer in layers) == 3
+    h, y = torch.randn(5, channels, size, size), torch.arange(5)
+    loss = DGLObjective(channels, size, 10)(h, None, y)
+    assert loss.shape == () and torch.isfinite(loss)
 
 
 def test_infopro_with_one_module_is_end_to_end():
