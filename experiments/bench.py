@@ -1,4 +1,4 @@
-"""Memory and speed of one training step for E2E, checkpointing, offload, greedy SL and InfoPro.
+"""Memory and speed of one training step for E2E, checkpointing, offload, greedy SL, DGL and InfoPro.
 
     python -m experiments.bench                                  # ResNet-110, batch 1024 (paper Table 3)
     python -m experiments.bench --arch resnet32 --methods e2e infopro:16

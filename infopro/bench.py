@@ -8,6 +8,7 @@ Methods (each measured in a fresh process, so no allocator state leaks between t
 * ``offload``                E2E with every saved activation kept in (pinned) host memory
                              (`torch.autograd.graph.save_on_cpu`; vDNN-style);
 * ``greedy:K``, ``infopro:K`` local learning with the paper's equal-depth splits;
+* ``dgl:K``                  DGL's MLP-SR auxiliary classifiers (not in the default set);
 * ``infopro-softmax:K``      InfoPro with the softmax cross-entropy task term instead of the
                              contrastive one (not in the default set: it saves no more memory);
 * ``infopro-balanced:K``     InfoPro* (ResNet-110, K = 2, 3, 4: memory-balanced splits);
@@ -70,7 +71,8 @@ from infopro.splits import PAPER_LOSS_WEIGHTS, PAPER_SPLITS
 from infopro.train import TrainConfig, build_net, configure_backends, place, train_step
 
 WHOLE_NETWORK = ("e2e", "checkpoint", "offload")  # families that back-propagate end to end: no K
-FAMILIES = WHOLE_NETWORK + ("greedy", "infopro", "infopro-softmax", "infopro-balanced", "infopro+checkpoint")
+CLASSIFIER_HEADS = ("greedy", "dgl")  # local families trained through a classifier alone: no λ1, λ2
+FAMILIES = WHOLE_NETWORK + CLASSIFIER_HEADS + ("infopro", "infopro-softmax", "infopro-balanced", "infopro+checkpoint")
 LOCAL_KS = (2, 4, 8, 16)
 
 
@@ -85,8 +87,8 @@ class Method:
     def parse(cls, text: str) -> "Method":
         family, _, k = text.partition(":")
         if family not in FAMILIES:
-            raise InfoProError(f"unknown method {text!r}; valid: e2e, checkpoint, offload, greedy:K, infopro:K, "
-                               f"infopro-softmax:K, infopro-balanced:K, infopro+checkpoint:K")
+            raise InfoProError(f"unknown method {text!r}; valid: e2e, checkpoint, offload, greedy:K, dgl:K, "
+                               f"infopro:K, infopro-softmax:K, infopro-balanced:K, infopro+checkpoint:K")
         local = family not in WHOLE_NETWORK
         if local != bool(k) or (k and not k.isdigit()):
             raise InfoProError(f"method {text!r}: {'give K as ' + family + ':K' if local else family + ' takes no K'}")
@@ -104,11 +106,12 @@ class Method:
         """
         if not self.local:
             return
-        table = PAPER_SPLITS if self.family == "greedy" else PAPER_LOSS_WEIGHTS
+        heads_only = self.family in CLASSIFIER_HEADS
+        table = PAPER_SPLITS if heads_only else PAPER_LOSS_WEIGHTS
         valid = sorted(table.get((arch, self.split), {}))
         if self.K not in valid:
             raise InfoProError(f"method {self.label!r}: the paper gives {arch} no {self.split} split"
-                               f"{'' if self.family == 'greedy' else ' with λ1, λ2'} at K={self.K}; "
+                               f"{'' if heads_only else ' with λ1, λ2'} at K={self.K}; "
                                f"valid K: {', '.join(map(str, valid)) or 'none'}")
 
     @property
@@ -120,7 +123,7 @@ class Method:
         return f"{self.family}:{self.K}" if self.local else self.family
 
     def config(self, arch: str, batch_size: int, precision: str) -> TrainConfig:
-        regime = "greedy" if self.family == "greedy" else "infopro" if self.local else "e2e"
+        regime = self.family if self.family in CLASSIFIER_HEADS else "infopro" if self.local else "e2e"
         task_loss = "softmax" if self.family == "infopro-softmax" else "contrast"
         return TrainConfig(arch=arch, regime=regime, K=self.K, task_loss=task_loss, split=self.split,
                            dataset="synthetic", batch_size=batch_size, precision=precision)

@@ -27,9 +27,11 @@ K_COLOURS = {1: BLACK, 2: BLUE, 3: PURPLE, 4: GREEN, 8: ORANGE, 16: VERMILLION}
 METHODS = {  # key -> (label, colour, marker, line style)
     "e2e": ("E2E", BLACK, "D", "-"),
     "greedy": ("Greedy SL", VERMILLION, "o", "-"),
+    "dgl": ("DGL", PURPLE, "v", "-"),
     "infopro-contrast": ("InfoPro (Contrast)", BLUE, "s", "-"),
     "infopro-softmax": ("InfoPro (Softmax)", GREEN, "^", "-"),
 }
+LOCAL_METHODS = tuple(method for method in METHODS if method != "e2e")  # a panel each in fig8 and fig10
 LAYER_AXIS = "layer point (1 = stem, then one per residual block)"
 ANALYSIS_FIGURE_ARCH = "resnet32"  # the network of the paper's analysis figure (results/reference/analysis_figure.csv)
 RC = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
@@ -41,7 +43,7 @@ def method_key(regime: str, task_loss) -> str:
 
 
 def with_method(df: pd.DataFrame) -> pd.DataFrame:
-    """Add a `method` column (e2e, greedy, infopro-contrast, infopro-softmax)."""
+    """Add a `method` column (e2e, greedy, dgl, infopro-contrast, infopro-softmax)."""
     task = df["task_loss"].astype(object).fillna("") if "task_loss" in df else ""
     return df.assign(method=[method_key(r, t) for r, t in zip(df["regime"], task)])
 
@@ -198,9 +200,9 @@ def panel_rows(df: pd.DataFrame, method: str) -> pd.DataFrame:
 
 @styled
 def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
-    """Linear-probe test error vs layer point, one curve per K: greedy SL, and InfoPro beside it."""
+    """Linear-probe test error vs layer point, one curve per K: greedy SL, and DGL and InfoPro beside it."""
     probes, recipe = figure_rows(probes)
-    panels = [m for m in ("greedy", "infopro-contrast", "infopro-softmax") if m in set(probes["method"])]
+    panels = [m for m in LOCAL_METHODS if m in set(probes["method"])]
     panels = panels or ["e2e"]
     figure, axes = new_figure(4.0 * len(panels), 3.9, 1, len(panels))
     ends = module_end_table(probes)
@@ -226,7 +228,7 @@ def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
 def fig10_mutual_information(mi: pd.DataFrame) -> Figure:
     """Estimated I(h,x) and I(h,y) vs layer point, one curve per K; a row per method."""
     mi, recipe = figure_rows(mi)
-    methods = [m for m in ("greedy", "infopro-contrast", "infopro-softmax") if m in set(mi["method"])]
+    methods = [m for m in LOCAL_METHODS if m in set(mi["method"])]
     methods = methods or ["e2e"]
     figure, axes = new_figure(8.0, 0.6 + 2.9 * len(methods), len(methods), 2)
     ends = module_end_table(mi)
@@ -489,7 +491,7 @@ def save_figure(figure: Figure, stem) -> list[Path]:
 
 FAMILY_STYLE = {  # benchmark family -> (label, colour, marker)
     "e2e": ("E2E", BLACK, "D"), "checkpoint": ("checkpointing", PURPLE, "P"), "offload": ("offload", SKY, "X"),
-    "greedy": ("Greedy SL", VERMILLION, "o"), "infopro": ("InfoPro", BLUE, "s"),
+    "greedy": ("Greedy SL", VERMILLION, "o"), "dgl": ("DGL", VERMILLION, "p"), "infopro": ("InfoPro", BLUE, "s"),
     "infopro-softmax": ("InfoPro (Softmax)", YELLOW, "<"),
     "infopro-balanced": ("InfoPro* (balanced)", GREEN, "^"), "infopro+checkpoint": ("InfoPro + checkpointing", ORANGE, "v"),
 }

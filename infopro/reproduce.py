@@ -5,7 +5,7 @@ writes exists (the grid resumes its partial runs): calling again continues where
 call stopped. The order puts first what one lease can finish: the Table 3 benchmark and the
 input-pipeline comparison, the module-parallel throughput, the max-batch search, the grid's
 --jobs measurement, a profile of where a step's time goes, and then the Table 2 grid with
-whatever time is left. A lent machine is lost with everything on it, so a call can pack what it
+whatever time is left, and after it the DGL row's grid. A lent machine is lost with everything on it, so a call can pack what it
 wrote (`pack`) for the way back. The analysis of finished runs (probes, I(h,x), I(h,y)) is not a
 stage: it runs on a CPU as well (`make probes mutual-info figures tables`).
 """
@@ -23,6 +23,7 @@ from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
+DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2, once every run of GRID is done
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
                      "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4")
 PROFILE_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro-balanced:4", "infopro:16")
@@ -64,7 +65,17 @@ def stages(results: Path, data_root: str | None) -> list[Stage]:
     bench, runs = results.resolve() / "bench", results.resolve() / "runs"
     python = [sys.executable, "-m"]
     data = ["--dataset", GRID_DATASET] + (["--data-root", str(Path(data_root).resolve())] if data_root else [])
-    grid = get_grid(GRID).configs(dataset=GRID_DATASET)
+
+    def grid_stage(name: str, grid_name: str) -> Stage:
+        """A grid of trainings on the JPEG copy, every seed, as many at once as the GPU's measured best."""
+        configs = get_grid(grid_name).configs(dataset=GRID_DATASET)
+        return Stage(name, f"the {grid_name} grid on {GRID_DATASET}, every seed, resumable",
+                     lambda: all(run_state(config, runs) == "done" for config in configs),
+                     lambda left: python + ["experiments.grid", grid_name, *data, "--jobs", str(best_jobs(bench)),
+                                            "--time-budget", f"{left:.1f}", "--out", str(runs)],
+                     minutes=2,
+                     progress=lambda: status_summary([run_status(config, runs) for config in configs]))
+
     return [
         Stage("table3", "every method's step time and memory, ResNet-110, batch 1024, fp32; our input "
                         "pipeline against a DataLoader",
@@ -93,12 +104,8 @@ def stages(results: Path, data_root: str | None) -> list[Stage]:
               lambda left: python + ["experiments.bench", "--measure", "profile", "--steps", "5",
                                      "--methods", *PROFILE_METHODS, "--out", str(bench)],
               minutes=3),
-        Stage("table2", f"the {GRID} grid on {GRID_DATASET}, every seed, resumable",
-              lambda: all(run_state(config, runs) == "done" for config in grid),
-              lambda left: python + ["experiments.grid", GRID, *data, "--jobs", str(best_jobs(bench)),
-                                     "--time-budget", f"{left:.1f}", "--out", str(runs)],
-              minutes=2,
-              progress=lambda: status_summary([run_status(config, runs) for config in grid])),
+        grid_stage("table2", GRID),
+        grid_stage("dgl", DGL_GRID),
     ]
 
 

@@ -66,10 +66,15 @@ def recipe_names(runs: pd.DataFrame) -> dict:
     return {recipe: f"{epochs[recipe]} epochs" if distinct else recipe for recipe in training.index}
 
 
+def paper_order(column: pd.Series) -> pd.Series:
+    """Sort key putting a `method` column in the order of METHODS (E2E, greedy SL, DGL, InfoPro
+    (Contrast), InfoPro (Softmax)); any other column sorts as it is."""
+    return column.map({method: i for i, method in enumerate(METHODS)}) if column.name == "method" else column
+
+
 def in_paper_order(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows sorted as the paper's tables: E2E, greedy SL, InfoPro (Contrast), InfoPro (Softmax); K within."""
-    order = {method: i for i, method in enumerate(METHODS)}
-    return df.sort_values(["method", "K"], key=lambda c: c.map(order) if c.name == "method" else c)
+    """Rows sorted as the paper's tables: method in paper order, K within."""
+    return df.sort_values(["method", "K"], key=paper_order)
 
 
 def schedule_check(pairs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -104,7 +109,7 @@ def paired(predictions: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     test images neither was trained on or reported on; the last column is the same lead on
     the images of their recorded errors, where it was first seen.
     """
-    pairs = paired_comparisons(predictions)
+    pairs = paired_comparisons(predictions[predictions["regime"].isin(["greedy", "infopro"])])
     if pairs.empty:
         raise InfoProError("no InfoPro run has a greedy SL run of the same K, recipe and seed among the scored runs")
     return paired_table(pairs, predictions, ("greedy SL", "InfoPro"),
@@ -112,14 +117,22 @@ def paired(predictions: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 def e2e_gap(predictions: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Greedy SL and InfoPro against E2E image by image: how far behind end-to-end training each
+    """Greedy SL, DGL and InfoPro against E2E image by image: how far behind end-to-end training each
     locally supervised network is (the paper's claim is that InfoPro's gap is small), checked
     on the test images neither network was trained on or reported on, as `paired` does."""
     pairs = paired_comparisons(predictions, reference="e2e")
     if pairs.empty:
         raise InfoProError("no locally supervised run has an E2E run of the same recipe and seed among the scored runs")
     return paired_table(pairs, predictions, ("E2E", "method"),
-                        "greedy SL and InfoPro against E2E of the same recipe and seed", "E2E's error − the method's")
+                        f"{regime_names(pairs['regime'])} against E2E of the same recipe and seed",
+                        "E2E's error − the method's")
+
+
+def regime_names(regimes: pd.Series) -> str:
+    """'greedy SL and InfoPro', 'greedy SL, DGL and InfoPro': the locally supervised regimes present."""
+    names = [name for regime, name in (("greedy", "greedy SL"), ("dgl", "DGL"), ("infopro", "InfoPro"))
+             if regime in set(regimes)]
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
 
 def paired_table(pairs: pd.DataFrame, predictions: pd.DataFrame, names: tuple[str, str], comparison: str,
@@ -127,7 +140,7 @@ def paired_table(pairs: pd.DataFrame, predictions: pd.DataFrame, names: tuple[st
     """The rows of `paired_comparisons` as a table, the error columns headed by `names` (the
     reference's, the other network's), with a caption naming the images and what `lead` is
     (the reference's error − the other's: negative where the other network errs more)."""
-    pairs = with_method(pairs).sort_values(["epochs", "K", "method", "seed"], kind="stable")
+    pairs = with_method(pairs).sort_values(["epochs", "K", "method", "seed"], key=paper_order, kind="stable")
     table = pd.DataFrame({
         "method": [METHODS[m][0] for m in pairs["method"]], "K": pairs["K"], "epochs": pairs["epochs"],
         "seed": pairs["seed"], "images": pairs["images"],
@@ -242,7 +255,7 @@ def run_of_method(method: str) -> tuple[str, int, str]:
     K = int(k) if k else 1
     if family in WHOLE_NETWORK:
         return "e2e", 1, "paper"
-    if family in ("greedy", "infopro-softmax"):
+    if family in ("greedy", "dgl", "infopro-softmax"):
         return family, K, "paper"
     return "infopro-contrast", K, "balanced" if family == "infopro-balanced" else "paper"
 

@@ -35,13 +35,14 @@ def test_peak_tensor_memory_counts_allocations_not_views_or_existing_tensors():
 def test_method_names():
     assert [Method.parse(m).label for m in ("e2e", "infopro:4", "infopro-balanced:3")] == \
         ["e2e", "infopro:4", "infopro-balanced:3"]
-    for bad, message in (("dgl", "unknown method"), ("infopro", "give K"), ("e2e:2", "takes no K")):
+    for bad, message in (("dni:4", "unknown method"), ("dgl", "give K"), ("e2e:2", "takes no K")):
         with pytest.raises(InfoProError, match=message):
             Method.parse(bad)
     assert "infopro-balanced:4" in default_methods("resnet110")
     assert not any("balanced" in m for m in default_methods("resnet32"))
     assert Method.parse("infopro-softmax:4").config("resnet32", 8, "fp32").task_loss == "softmax"
     assert Method.parse("infopro:4").config("resnet32", 8, "fp32").task_loss == "contrast"
+    assert Method.parse("dgl:4").config("resnet32", 8, "fp32").regime == "dgl"
 
 
 def test_largest_fitting_batch_is_found_within_two_percent_from_any_guess():

@@ -104,8 +104,8 @@ def test_make_status_lists_the_grid_in_the_results_given(tmp_path):
     status = subprocess.run(["make", "-s", "status", f"RESULTS={tmp_path}", "GRID=cpu-fixture"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stderr
-    assert status.stdout.splitlines()[-2:] == ["0 done, 0 partial, 13 missing",
-                                               "13 runs not timed (no seed of theirs has run an epoch)"]
+    assert status.stdout.splitlines()[-2:] == ["0 done, 0 partial, 17 missing",
+                                               "17 runs not timed (no seed of theirs has run an epoch)"]
     assert "cifar10-jpeg-resnet32-e2e-K1-n10000-e12-b128-s0" in status.stdout  # the committed runs' dataset
 
 
@@ -389,7 +389,7 @@ def test_a_figure_of_a_named_recipe_draws_only_its_runs_beside_the_default_figur
 
 
 def test_table2_shows_every_recipe_beside_the_paper():
-    fixture = recipe_runs(12, 10_000, [("e2e", 1), ("greedy", 2), ("infopro", 2)], [30.0, 33.0, 35.0])
+    fixture = recipe_runs(12, 10_000, [("e2e", 1), ("greedy", 2), ("infopro", 2), ("dgl", 2)], [30.0, 33.0, 35.0, 34.0])
     first_gpu_runs = recipe_runs(160, 50_000, [("e2e", 1), ("greedy", 2)], [10.87, 14.34])
     table, caption = table2(pd.concat([fixture, first_gpu_runs]), load_reference(RESULTS, "table2"))
     rows = table.set_index(["method", "K"])
@@ -398,6 +398,9 @@ def test_table2_shows_every_recipe_beside_the_paper():
     assert rows.loc[("E2E", 1), "160 epochs − paper"] == "+3.50"  # the paper's E2E: 7.37
     assert rows.loc[("InfoPro (Contrast)", 2), "ours, 160 epochs: test error (%)"] == "–"
     assert rows.loc[("InfoPro (Contrast)", 2), "n, 12 epochs"] == 1 and "160 epochs: 50000 images" in caption
+    assert list(rows.index.get_level_values("method").unique()) == ["E2E", "Greedy SL", "DGL", "InfoPro (Contrast)"]
+    assert rows.loc[("DGL", 2), "paper: test error (%)"] == "8.69 ± 0.12"  # the paper's DGL row
+    assert rows.loc[("DGL", 2), "12 epochs − paper"] == "+25.31"
 
 
 def test_latex_tables_use_booktabs_and_escape():

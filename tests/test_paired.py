@@ -106,8 +106,20 @@ def test_e2e_is_the_reference_of_every_k_of_its_own_recipe_and_seed():
     runs.loc[0, ["recorded_test_error", "run_device"]] = [0.04, "a GPU"]
     assert ("4 of the 5 scored networks re-score their recorded error exactly, the other 1 (trained on a GPU) "
             "to within 0.04 points.") in tables.e2e_gap(runs)[1]
+    assert "greedy SL and InfoPro against E2E" in caption
     with pytest.raises(InfoProError, match="no locally supervised run has an E2E run"):
         tables.e2e_gap(runs[runs["regime"] != "e2e"])
+
+
+def test_dgl_is_paired_with_e2e_but_not_in_the_comparison_of_infopro_with_greedy_sl():
+    rng = np.random.default_rng(4)
+    runs = pd.DataFrame([scored_on_whole_split(rng, "e2e", 0, K=1, split="none"),
+                         scored_on_whole_split(rng, "greedy", 0), scored_on_whole_split(rng, "dgl", 0),
+                         scored_on_whole_split(rng, "infopro", 0)])
+    gap, caption = tables.e2e_gap(runs)
+    assert gap["method"].tolist() == ["Greedy SL", "DGL", "InfoPro (Contrast)"]
+    assert "greedy SL, DGL and InfoPro against E2E" in caption
+    assert tables.paired(runs)[0]["method"].tolist() == ["InfoPro (Contrast)"]
 
 
 def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_images(tmp_path):

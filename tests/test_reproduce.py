@@ -40,7 +40,7 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     bench = tmp_path / "bench"
     bench.mkdir()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
-    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "table2"]
+    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "table2", "dgl"]
     assert not any(stage.done() for stage in plan.values())
     for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-cpu.csv"):
         (bench / name).touch()
@@ -58,29 +58,36 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     command = plan["table2"].command(12.5)
     assert command[command.index("--jobs") + 1] == "2" and command[command.index("--time-budget") + 1] == "12.5"
     assert command[command.index("--dataset") + 1] == "cifar10-jpeg"
+    dgl = plan["dgl"].command(3.0)
+    assert dgl[dgl.index("experiments.grid") + 1] == "table2-dgl-resnet32" and dgl[dgl.index("--jobs") + 1] == "2"
 
 
 def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
-    *stage_lines, counts, left = result.stdout.splitlines()
-    assert result.returncode == 0 and len(stage_lines) == 6
+    lines = result.stdout.splitlines()
+    stage_lines = [line for line in lines if not line.startswith(" ")]
+    assert result.returncode == 0 and len(stage_lines) == 7 and len(lines) == 11
     assert all(line.startswith("to do") for line in stage_lines)
-    assert (counts.strip(), left.strip()) == ("0 done, 0 partial, 39 missing",
-                                              "39 runs not timed (no seed of theirs has run an epoch)")
+    assert [line.split()[2] for line in stage_lines[-2:]] == ["table2", "dgl"]
+    for stage, runs in ((-6, 39), (-3, 12)):  # each grid stage ends with `grid --status`'s two totals
+        counts, left = lines[stage + 1:][:2]
+        assert (counts.strip(), left.strip()) == (f"0 done, 0 partial, {runs} missing",
+                                                  f"{runs} runs not timed (no seed of theirs has run an epoch)")
     for args, message in (([], "--time-budget"), (["--time-budget", "5"], "no CUDA device")):
         result = run_main("experiments.reproduce", *args, "--results", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_the_plan_says_what_the_grid_status_says_is_left_of_the_committed_grid():
-    """One command to plan a lease with: the grid stage ends with `grid --status`'s two totals."""
+    """One command to plan a lease with: each grid stage ends with `grid --status`'s two totals."""
     results = REPO / "results"
     plan = run_main("experiments.reproduce", "--plan", "--results", str(results))
-    status = run_main("experiments.grid", "table2-resnet32", "--dataset", "cifar10-jpeg", "--status",
-                      "--out", str(results / "runs"))
-    assert plan.returncode == status.returncode == 0
-    assert plan.stdout.splitlines()[-3].startswith("to do  table2")
-    assert [line.strip() for line in plan.stdout.splitlines()[-2:]] == status.stdout.splitlines()[-2:]
+    assert plan.returncode == 0
+    lines = plan.stdout.splitlines()
+    for first, stage, grid in ((-6, "table2", "table2-resnet32"), (-3, "dgl", "table2-dgl-resnet32")):
+        status = run_main("experiments.grid", grid, "--dataset", "cifar10-jpeg", "--status", "--out", str(results / "runs"))
+        assert status.returncode == 0 and lines[first].startswith(f"to do  {stage} ")
+        assert [line.strip() for line in lines[first + 1:][:2]] == status.stdout.splitlines()[-2:]
 
 
 def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch, capsys):
