@@ -152,8 +152,8 @@ class DGLObjective(nn.Module):
     def __init__(self, in_channels: int, size: int, num_classes: int):
         super().__init__()
         width = 4 * in_channels
-        mixing = [layer for _ in range(3) for layer in
-                  (nn.Conv2d(in_channels, in_channels, 1, bias=False), nn.BatchNorm2d(in_channels), nn.ReLU(inplace=True))]
+        mixing = [layer for _ in range(3) for layer in (nn.Conv2d(in_channels, in_channels, 1, bias=False),
+                                                         nn.BatchNorm2d(in_channels), nn.ReLU(inplace=True))]
         mlp = [layer for _ in range(3) for layer in
                (nn.Linear(width, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True))]
         self.classifier = nn.Sequential(nn.AdaptiveAvgPool2d(math.ceil(size / 4)), *mixing,

@@ -4,10 +4,11 @@ GPU time comes in short leases, so the work is cut into stages, each skipped onc
 writes exists (the grid resumes its partial runs): calling again continues where the last
 call stopped. The order puts first what one lease can finish: the Table 3 benchmark and the
 input-pipeline comparison, the module-parallel throughput, the max-batch search, the grid's
---jobs measurement, a profile of where a step's time goes, and then the Table 2 grid with
-whatever time is left, and after it the DGL row's grid. A lent machine is lost with everything on it, so a call can pack what it
-wrote (`pack`) for the way back. The analysis of finished runs (probes, I(h,x), I(h,y)) is not a
-stage: it runs on a CPU as well (`make probes mutual-info figures tables`).
+--jobs measurement, a profile of where a step's time goes, then the Table 2 grid with whatever
+time is left, and the grid of Table 2's DGL row after it. A lent machine is lost with everything
+on it, so a call can pack what it wrote (`pack`) for the way back. The analysis of finished runs
+(probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well (`make probes mutual-info
+figures tables`).
 """
 
 import sys
@@ -23,7 +24,7 @@ from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
-DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2, once every run of GRID is done
+DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
                      "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4")
 PROFILE_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro-balanced:4", "infopro:16")
