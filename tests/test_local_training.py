@@ -6,6 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from infopro.errors import InfoProError
 from infopro.local import DGLObjective, supervised_contrastive_loss
 from infopro.memory import SavedActivations
 from infopro.train import TrainConfig, build_net, prepare_input, train, train_step
@@ -68,6 +69,13 @@ def test_dgl_auxiliary_net_is_dgls_mlp_sr(channels, size, reduced):
     h, y = torch.randn(5, channels, size, size), torch.arange(5)
     loss = DGLObjective(channels, size, 10)(h, None, y)
     assert loss.shape == () and torch.isfinite(loss)
+
+
+def test_dgl_refuses_a_last_batch_of_one_image_before_its_run_directory_opens(tmp_path):
+    config = TrainConfig(regime="dgl", K=2, dataset="synthetic", train_subset=257, test_subset=64, batch_size=64)
+    with pytest.raises(InfoProError, match=r"holds 1 image \(257 mod 64\)"):
+        train(config, tmp_path / "run", device="cpu", log=lambda line: None)
+    assert not (tmp_path / "run").exists()
 
 
 def test_infopro_with_one_module_is_end_to_end():
