@@ -507,13 +507,15 @@ def test_the_information_plane_puts_every_method_of_a_k_beside_e2e_on_shared_axe
     for ax, K in zip(panels, (2, 4, 8, 16)):
         shown = fixture[(fixture["K"] == K) | (fixture["method"] == "e2e")]
         paths = {line.get_label(): line for line in ax.get_lines()}
-        assert list(paths) == ["E2E", "Greedy SL", "InfoPro (Contrast)", "InfoPro (Softmax)"]
+        assert list(paths) == ["E2E", "Greedy SL", "DGL", "InfoPro (Contrast)", "InfoPro (Softmax)"]
         means = shown[shown["method"] == "greedy"].groupby("layer")[["ixx_normalised", "ixy_normalised"]].mean()
         assert list(paths["Greedy SL"].get_xdata()) == pytest.approx(list(means["ixx_normalised"]))
         assert list(paths["Greedy SL"].get_ydata()) == pytest.approx(list(means["ixy_normalised"]))
         heads = [text.xy for text in ax.texts]
-        assert len(heads) == 4 and heads[1] == pytest.approx(tuple(means.iloc[-1]))
-    assert "n = 3 seeds per point" in figure.texts[-1].get_text().replace("\n", " ")
+        assert len(heads) == 5 and heads[1] == pytest.approx(tuple(means.iloc[-1]))
+    seeds = fixture.groupby(["method", "K"])["seed"].nunique()  # DGL's I(h,x), I(h,y): seed 0 so far
+    counts = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+    assert f"n = {counts} seeds per point" in figure.texts[-1].get_text().replace("\n", " ")
     plt.close(figure)
     alone = fig_information_plane(fixture[fixture["method"] == "e2e"])
     assert [ax.get_title() for ax in alone.axes] == ["E2E"] and len(alone.axes[0].get_lines()) == 1

@@ -132,7 +132,7 @@ def test_cli_writes_the_run_files(tmp_path):
 
 BAD_INPUTS = [
     (["--arch", "resnet18", "--regime", "e2e"], "invalid choice: 'resnet18'"),
-    (["--regime", "dgl"], "invalid choice: 'dgl'"),
+    (["--regime", "dni"], "invalid choice: 'dni'"),
     (["--regime", "infopro", "--K", "2", "--task-loss", "mse"], "invalid choice: 'mse'"),
     (["--regime", "e2e", "--dataset", "imagenet"], "invalid choice: 'imagenet'"),
     (["--regime", "e2e", "--K", "4"], "regime e2e trains one module"),
