@@ -15,7 +15,8 @@ InfoPro (Softmax) at K = 4, 8, 16, from the committed runs' epochs, all measured
 the per-step host copies (README, Training); `--status` adds up what is left).
 `cpu-fixture` is the small real fixture committed so that the figures build on a machine without a
 GPU (3.3 h of training on 2 CPU cores, measured);
-`cpu-schedule-check` trains E2E, greedy SL and both InfoPro variants at K=2, 4, 8 and 16 for 3x the epochs (README).
+`cpu-schedule-check` trains E2E, greedy SL, both InfoPro variants and DGL at K=2, 4, 8 and 16 for 3x the epochs
+(README).
 `table2-resnet110` is table2-resnet32 on ResNet-110; `table3-resnet110` trains E2E and InfoPro*
 (balanced splits, K=2, 3, 4), whose errors Table 3 shows beside the memory benchmark.
 """
