@@ -513,7 +513,7 @@ def test_the_information_plane_puts_every_method_of_a_k_beside_e2e_on_shared_axe
         assert list(paths["Greedy SL"].get_ydata()) == pytest.approx(list(means["ixy_normalised"]))
         heads = [text.xy for text in ax.texts]
         assert len(heads) == 5 and heads[1] == pytest.approx(tuple(means.iloc[-1]))
-    seeds = fixture.groupby(["method", "K"])["seed"].nunique()  # DGL's I(h,x), I(h,y): seed 0 so far
+    seeds = fixture.groupby(["method", "K"])["seed"].nunique()
     counts = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     assert f"n = {counts} seeds per point" in figure.texts[-1].get_text().replace("\n", " ")
     plt.close(figure)
