@@ -32,14 +32,14 @@ HOW_TO_MAKE = {
                    "run; the committed fixture's settings, MI_ARGS='--train-subset 2000 --test-subset 1000 --epochs 10', "
                    "took about 4 min per run on 2 CPU cores)",
     "schedule-check": "make it with `python -m experiments.grid cpu-schedule-check --device cpu --out "
-                      "results/schedule-check` (the fixture's E2E, greedy SL and InfoPro (Contrast, Softmax) at K=2, "
-                      "4, 8 and 16, 36 epochs: per seed on 2 CPU cores, 1.3 h for K=2, 2 h for E2E and K=4, 2 h for "
-                      "K=8 and about 3 h for K=16), beside `make fixture`'s runs of the same seeds",
+                      "results/schedule-check` (the fixture's E2E, greedy SL, InfoPro (Contrast, Softmax) and DGL at "
+                      "K=2, 4, 8 and 16, 36 epochs: per seed on 2 CPU cores, 1.5 h for K=2, 2.2 h for E2E and K=4, "
+                      "2.3 h for K=8 and about 3.3 h for K=16), beside `make fixture`'s runs of the same seeds",
     "test-predictions": "make it with `make test-predictions` (every run with committed weights scored image by "
                         "image on its whole test split: about 30 s per ResNet-32 on 10,000 images on 2 CPU cores)",
     "schedule-analysis": "make it with `make schedule-analysis` (linear probes, I(h,x) and I(h,y) of the schedule "
                          "check's runs that the Makefile's SCHEDULE_RUNS names and of their 12-epoch twins: about "
-                         "130 min on 2 CPU cores)",
+                         "150 min on 2 CPU cores)",
 }
 
 

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -168,6 +169,16 @@ def test_the_resnet110_grids_train_what_table2_and_table3_read():
     assert [c.run_id() for c in table2] == [c.run_id().replace("resnet32", "resnet110")
                                              for c in get_grid("table2-resnet32").configs()]
     assert table3[0].run_id() == table2[0].run_id() == "cifar10-resnet110-e2e-K1-s0"
+
+
+def test_every_schedule_check_run_has_a_fixture_twin_three_times_shorter():
+    """table_schedule and fig_schedule pair each 36-epoch run with the fixture run of the same
+    configuration and seed: the schedule check may add no configuration the fixture lacks."""
+    def twin(config):
+        return replace(config, epochs=config.epochs // 3)
+    longer = get_grid("cpu-schedule-check").configs(seeds=[0, 1, 2])
+    assert {twin(c).run_id() for c in longer} == {c.run_id() for c in get_grid("cpu-fixture").configs(seeds=[0, 1, 2])}
+    assert {c.epochs for c in longer} == {36} and any(c.regime == "dgl" for c in longer)
 
 
 def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
