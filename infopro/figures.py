@@ -126,7 +126,35 @@ def load_bench(results) -> pd.DataFrame:
         rank = (first["device"] == "cuda", first["batch_size"])
         if first["arch"] not in best or rank > best[first["arch"]][0]:
             best[first["arch"]] = (rank, table)
-    return pd.concat([table for _, table in best.values()], ignore_index=True)
+    return pd.concat([with_remeasured_times(results, table) for _, table in best.values()], ignore_index=True)
+
+
+TIME_COLUMNS = ("step_seconds", "step_seconds_min", "step_seconds_max", "images_per_second", "step_seconds_vs_e2e")
+
+
+def with_remeasured_times(results, table: pd.DataFrame) -> pd.DataFrame:
+    """The step table with the times of the methods a later call measured again, and `timed_at`: the
+    commit each row's time was measured at.
+
+    Why: a change to the training step can change its time but not its memory (7fef106 removed host
+    copies from the contrastive loss), and re-measuring the methods it touches takes minutes of a GPU
+    where the whole table takes a lease. That later call (`experiments.bench --measure steps --methods
+    e2e ... --out results/bench/remeasured`) writes a step table of the same name under remeasured/;
+    each of its time ratios is against its own E2E, since times compare only within one call.
+    """
+    table = table.assign(timed_at=table["git_commit"])
+    path = Path(results) / "bench" / "remeasured" / table["source_file"].iloc[0]
+    if not path.is_file():
+        return table
+    later = read_result(path, "bench", BENCH_COLUMNS + TIME_COLUMNS + ("git_commit",))
+    later = later[later["error"].isna()] if "error" in later else later
+    if "e2e" not in set(later["method"]):
+        raise InfoProError(f"{path} holds no E2E step: a re-measurement's time ratios are against its own E2E; "
+                           f"measure again with e2e among --methods")
+    later = later.set_index("method")[list(TIME_COLUMNS) + ["git_commit"]].rename(columns={"git_commit": "timed_at"})
+    table = table.set_index("method")
+    table.update(later)
+    return table.reset_index()
 
 
 def table3_bench(results) -> pd.DataFrame:
@@ -150,6 +178,15 @@ def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     return read_result(path, "bench", ("method", "cap_gib")) if path.is_file() else None  # max_batch: blank on error
 
 
+def load_profile(results, bench: pd.DataFrame) -> pd.DataFrame | None:
+    """The operator profile of the step table's architecture, batch, precision and device, if it was made."""
+    path = Path(results) / "bench" / f"profile-{bench['source_file'].iloc[0]}"
+    if not path.is_file():
+        return None
+    profile = read_result(path, "bench", ("method", "self_ms_per_step", "share", "git_commit"))
+    return profile[profile["error"].isna()] if "error" in profile else profile
+
+
 def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     """The work counts of the step table's architecture and batch, if they were made (on any device:
     FLOPs depend on shapes only). Operators may be blank: offload's, counted off a GPU."""
@@ -167,10 +204,10 @@ def memory_figure(results):
 
 def table3(results) -> tuple[pd.DataFrame, str]:
     """Table 3 and its caption: the step table, test errors of runs, the paper's values, max batch if
-    searched, the work of a step if counted."""
+    searched, the work of a step if counted, its busy time if profiled."""
     bench = table3_bench(results)
     return tables.table3(bench, runs_or_empty(results), load_reference(results, "table3"),
-                         load_max_batch(results, bench), load_work(results, bench))
+                         load_max_batch(results, bench), load_work(results, bench), load_profile(results, bench))
 
 
 def runs_or_empty(results) -> pd.DataFrame:

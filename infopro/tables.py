@@ -285,10 +285,12 @@ def memory_column(bench: pd.DataFrame) -> tuple[str, str]:
 
 
 def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
-           max_batch: pd.DataFrame | None = None, work: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
+           max_batch: pd.DataFrame | None = None, work: pd.DataFrame | None = None,
+           profile: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
     """Memory, time overhead and test error per method, ours beside the paper's Table 3; with
     `max_batch` (the search's CSV), each method's largest batch under each cap as well; with
-    `work` (the counts' CSV), the extra FLOPs and operators beside the extra time."""
+    `work` (the counts' CSV), the extra FLOPs and operators beside the extra time; with `profile`
+    (the operator profile's CSV), the extra busy time beside it."""
     measured = bench[bench["error"].isna()] if "error" in bench else bench
     measured = measured.set_index("method")
     order = [m for m in TABLE3_METHODS if m in measured.index]
@@ -306,7 +308,7 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
             "ours: memory (GiB)": f"{ours[column] / 2**30:.2f}",
             "ours: vs E2E": f"{100 * (ours[f'{column}_vs_e2e'] - 1):+.1f}%",
             "ours: time vs E2E": f"{100 * (ours['step_seconds_vs_e2e'] - 1):+.1f}%",
-        } | extra_work(work, method) | {
+        } | extra_busy_time(profile, method) | extra_work(work, method) | {
             "ours: error (%)": mean_std(mean, std), "n": n,
             "paper: memory (GB)": "–" if ref is None else f"{ref['memory_gb']:.2f}",
             "paper: time": "–" if ref is None or pd.isna(ref["overhead_wall_pct"]) else f"+{ref['overhead_wall_pct']:.1f}%",
@@ -318,7 +320,12 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
                f"ours = {described}; median step time over {first['steps']} steps after {first['warmup']} warm-up "
                f"step(s), each method in a fresh process; errors from our training runs where they exist. "
                f"Paper: Titan Xp, 'minimally required' memory and 'theoretical' overhead (methods unpublished), "
-               f"cifar10.")
+               f"cifar10.") + remeasured_note(measured)
+    if profile is not None:
+        caption += (" Busy time vs E2E: the summed self time of a step's operators (torch.profiler over "
+                    f"{', '.join(sorted(profile['steps'].astype(int).astype(str).unique()))} steps after warm-up, "
+                    f"at {commits(profile['git_commit'])}; on a GPU the time its kernels keep it busy, idle gaps "
+                    "excluded; – : not profiled).")
     if work is not None:
         caption += (" FLOPs and operators vs E2E: the FLOPs of a step's convolutions and matrix products "
                     "(torch.utils.flop_counter) and the ATen operators it dispatches, views excluded, forward and "
@@ -328,6 +335,33 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
         caption += (" Max batch: the largest batch that trains under a real CUDA allocation cap, to within 2% "
                     "(– : not searched; offload's activations live in host memory, which the cap does not bound).")
     return pd.DataFrame(rows), caption
+
+
+def commits(column: pd.Series) -> str:
+    """The short commits a column of full ones holds, in order of first appearance."""
+    return ", ".join(dict.fromkeys(commit[:7] for commit in column.astype(str)))
+
+
+def remeasured_note(measured: pd.DataFrame) -> str:
+    """The caption's sentence naming the methods whose step time a later call measured (none: "")."""
+    later = measured[measured["timed_at"] != measured["git_commit"]] if "timed_at" in measured else measured.iloc[:0]
+    if later.empty:
+        return ""
+    return (f" Step times of {', '.join(later.index)} re-measured at {commits(later['timed_at'])} "
+            f"(bench/remeasured/), each against that call's E2E; the others at {commits(measured['git_commit'])}.")
+
+
+def extra_busy_time(profile: pd.DataFrame | None, method: str) -> dict:
+    """{"ours: busy time vs E2E": "+x%"}: the summed self time of `method`'s operators per step against
+    E2E's ({} without a profile; – for a method not profiled).
+
+    Why beside the wall time: the time a GPU spends in kernels is what a method's extra work costs;
+    wall time above it is time the GPU waited (for the host, for a copy)."""
+    if profile is None:
+        return {}
+    busy = profile.groupby("method")["self_ms_per_step"].sum() / profile.groupby("method")["share"].sum()
+    ratio = busy.get(method, float("nan")) / busy.get("e2e", float("nan"))
+    return {"ours: busy time vs E2E": "–" if pd.isna(ratio) else f"{100 * (ratio - 1):+.1f}%"}
 
 
 WORK_COLUMNS = {"ours: FLOPs vs E2E": "step_flops_vs_e2e", "ours: operators vs E2E": "step_operators_vs_e2e"}

@@ -16,7 +16,7 @@ from nbclient import NotebookClient
 from conftest import REPO, run_main, unfinished_copy
 from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis,
-                             max_batch_path, memory_figure, recipe_rows, selection, table3_bench)
+                             max_batch_path, memory_figure, recipe_rows, selection, table3, table3_bench)
 from infopro.plots import (fig8_linear_probes, fig_information_plane, fig_training_curves, figure_rows, layer_table,
                            main_recipe, with_method)
 from infopro.records import read_json
@@ -64,6 +64,32 @@ def test_table3_shows_the_max_batch_search_and_the_work_and_ignores_other_bench_
     assert list(table.loc[["e2e", "checkpoint", "offload"], "ours: FLOPs vs E2E"]) == ["+0.0%", "+25.0%", "–"]
     assert table.loc["checkpoint", "ours: operators vs E2E"] == "+50.0%"
     assert table.loc["checkpoint", "paper: theoretical"] == "+32.8%"  # results/reference/table3.csv
+
+
+def test_table3_takes_re_measured_times_against_their_own_e2e_and_the_profiled_busy_time(tmp_path):
+    """Stand-in CSVs: a later call timed E2E and checkpointing again (E2E slower in it, so a ratio
+    against the first call's E2E would differ), and a profile of two methods, each operator's share
+    being of all its method's operators."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    bench = table3_bench(results).set_index("method")
+    name = bench["source_file"].iloc[0]
+    later = bench.loc[["e2e", "checkpoint"]].reset_index().assign(
+        step_seconds=[2.0, 3.0], step_seconds_vs_e2e=[1.0, 1.5], git_commit="f" * 40)
+    (results / "bench" / "remeasured").mkdir(exist_ok=True)
+    later.to_csv(results / "bench" / "remeasured" / name, index=False)
+    pd.DataFrame({"method": ["e2e", "e2e", "checkpoint"], "operator": ["conv", "add", "conv"],
+                  "self_ms_per_step": [3.0, 1.0, 5.0], "share": [0.75, 0.25, 1.0], "steps": 5,
+                  "git_commit": "e" * 40}).to_csv(results / "bench" / f"profile-{name}", index=False)
+    table, caption = table3(results)
+    table = table.set_index("method")
+    assert list(table.loc[["e2e", "checkpoint"], "ours: time vs E2E"]) == ["+0.0%", "+50.0%"]
+    assert table.loc["greedy:4", "ours: time vs E2E"] == f"{100 * (bench.loc['greedy:4', 'step_seconds_vs_e2e'] - 1):+.1f}%"
+    assert list(table.loc[["e2e", "checkpoint", "greedy:4"], "ours: busy time vs E2E"]) == ["+0.0%", "+25.0%", "–"]
+    assert "Step times of e2e, checkpoint re-measured at fffffff" in caption and "at eeeeeee" in caption
+    later.drop(index=0).to_csv(results / "bench" / "remeasured" / name, index=False)
+    with pytest.raises(InfoProError, match="holds no E2E step"):
+        table3(results)
 
 
 def test_a_work_csv_without_operator_counts_shows_its_flops_and_a_dash():
@@ -542,10 +568,10 @@ def test_training_curves_hold_every_epoch_of_finished_and_unfinished_runs(tmp_pa
 def test_training_curves_average_the_seeds_that_reached_each_epoch_and_mark_where_unfinished_runs_stop():
     """A second E2E seed stopped at epoch 50 (2 points above seed 0) moves the mean up to epoch 50
     only; each unfinished run gets an open marker where it stops and a place in the footer. Built
-    on the committed finished runs with stand-in unfinished seeds, so it holds however far the grid
-    has got."""
+    on the committed finished runs of seed 0 with stand-in unfinished seeds, so it holds however far
+    the grid has got."""
     curves = training_curves(RESULTS / "runs")
-    gpu = curves[(curves["epochs"] == 160) & curves["finished"]]
+    gpu = curves[(curves["epochs"] == 160) & curves["finished"] & (curves["seed"] == 0)]
     e2e = gpu[gpu["regime"] == "e2e"]
     greedy_k8 = gpu[(gpu["regime"] == "greedy") & (gpu["K"] == 8)]
 
