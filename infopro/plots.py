@@ -107,6 +107,21 @@ def new_figure(width: float, height: float, rows: int = 1, cols: int = 1):
     return figure, figure.subplots(rows, cols, squeeze=False)
 
 
+def commits(column: pd.Series) -> str:
+    """The short commits a column of full ones holds, in order of first appearance."""
+    return ", ".join(dict.fromkeys(commit[:7] for commit in column.astype(str)))
+
+
+def remeasured_times(bench: pd.DataFrame) -> str:
+    """Which methods' step times a later call measured, for a caption or footer ("" when none):
+    the step table's times and ratios then come from two calls."""
+    later = bench[bench["timed_at"] != bench["git_commit"]] if "timed_at" in bench else bench.iloc[:0]
+    if later.empty:
+        return ""
+    return (f"step times of {', '.join(later['method'])} re-measured at {commits(later['timed_at'])} "
+            f"(bench/remeasured/), each against that call's E2E; the others at {commits(bench['git_commit'])}")
+
+
 def footer(figure: Figure, *lines: str) -> None:
     """Small grey provenance text under the axes, wrapped to the figure's width."""
     width = int(figure.get_figwidth() * 15)
@@ -513,7 +528,7 @@ def no_data(ax, text: str) -> None:
 def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame, work: dict[str, pd.DataFrame] | None = None) -> Figure:
     """Per benchmarked architecture: memory (% of E2E) vs test error, time vs memory, and time vs
     operators where the work of a step was counted (`work`: architecture -> counts at the step
-    table's batch): the time overheads of InfoPro and checkpointing follow their operator counts."""
+    table's batch): whether a method's extra time follows its extra operators rather than its FLOPs."""
     from infopro.tables import errors_by_method, memory_column
 
     work = work or {}
@@ -549,6 +564,8 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame, work: dict[str, pd.DataF
         else:
             no_data(axes[row, 2], f"work not counted at batch {first['batch_size']}")
         notes.append(f"{arch}: {first['precision']} on {first['device_name']}; memory = {described}")
+        if remeasured := remeasured_times(rows):
+            notes.append(f"{arch}: {remeasured}")
         if errors:
             notes.append(f"{arch} test errors: final epoch of our runs ({recipe})")
         if first["device"] == "cpu":

@@ -13,7 +13,8 @@ import pandas as pd
 from infopro.bench import WHOLE_NETWORK
 from infopro.errors import InfoProError
 from infopro.paired import paired_comparisons
-from infopro.plots import METHODS, equal_depth, figure_rows, main_recipe, training_by_recipe, with_method
+from infopro.plots import (METHODS, commits, equal_depth, figure_rows, main_recipe, remeasured_times,
+                           training_by_recipe, with_method)
 from infopro.records import atomic_write
 
 
@@ -320,7 +321,9 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
                f"ours = {described}; median step time over {first['steps']} steps after {first['warmup']} warm-up "
                f"step(s), each method in a fresh process; errors from our training runs where they exist. "
                f"Paper: Titan Xp, 'minimally required' memory and 'theoretical' overhead (methods unpublished), "
-               f"cifar10.") + remeasured_note(measured)
+               f"cifar10.")
+    if remeasured := remeasured_times(measured.reset_index()):
+        caption += f" {remeasured[0].upper()}{remeasured[1:]}."
     if profile is not None:
         caption += (" Busy time vs E2E: the summed self time of a step's operators (torch.profiler over "
                     f"{', '.join(sorted(profile['steps'].astype(int).astype(str).unique()))} steps after warm-up, "
@@ -335,20 +338,6 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
         caption += (" Max batch: the largest batch that trains under a real CUDA allocation cap, to within 2% "
                     "(– : not searched; offload's activations live in host memory, which the cap does not bound).")
     return pd.DataFrame(rows), caption
-
-
-def commits(column: pd.Series) -> str:
-    """The short commits a column of full ones holds, in order of first appearance."""
-    return ", ".join(dict.fromkeys(commit[:7] for commit in column.astype(str)))
-
-
-def remeasured_note(measured: pd.DataFrame) -> str:
-    """The caption's sentence naming the methods whose step time a later call measured (none: "")."""
-    later = measured[measured["timed_at"] != measured["git_commit"]] if "timed_at" in measured else measured.iloc[:0]
-    if later.empty:
-        return ""
-    return (f" Step times of {', '.join(later.index)} re-measured at {commits(later['timed_at'])} "
-            f"(bench/remeasured/), each against that call's E2E; the others at {commits(measured['git_commit'])}.")
 
 
 def extra_busy_time(profile: pd.DataFrame | None, method: str) -> dict:
