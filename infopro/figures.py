@@ -140,7 +140,8 @@ def with_remeasured_times(results, table: pd.DataFrame) -> pd.DataFrame:
     copies from the contrastive loss), and re-measuring the methods it touches takes minutes of a GPU
     where the whole table takes a lease. That later call (`experiments.bench --measure steps --methods
     e2e ... --out results/bench/remeasured`) writes a step table of the same name under remeasured/;
-    each of its time ratios is against its own E2E, since times compare only within one call.
+    each of its time ratios is against its own E2E, since times compare only within one call. A
+    method the full table lacks is not added: the rows stay the full call's.
     """
     table = table.assign(timed_at=table["git_commit"])
     path = Path(results) / "bench" / "remeasured" / table["source_file"].iloc[0]
@@ -183,7 +184,7 @@ def load_profile(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     path = Path(results) / "bench" / f"profile-{bench['source_file'].iloc[0]}"
     if not path.is_file():
         return None
-    profile = read_result(path, "bench", ("method", "self_ms_per_step", "share", "git_commit"))
+    profile = read_result(path, "bench", ("method", "self_ms_per_step", "share", "steps", "git_commit"))
     return profile[profile["error"].isna()] if "error" in profile else profile
 
 

@@ -194,7 +194,9 @@ def rescored(predictions: pd.DataFrame) -> str:
 def taken_from_record(predictions: pd.DataFrame) -> str:
     if predictions.empty:
         return ""
-    return (f"{len(predictions)} more, whose weights git does not keep, are taken as their training recorded them "
+    one = len(predictions) == 1
+    return (f"{len(predictions)} more, whose weights git does not keep, {'is' if one else 'are'} taken as "
+            f"{'its' if one else 'their'} training recorded {'it' if one else 'them'} "
             f"(right or wrong per image, on {', '.join(sorted(predictions['run_device'].unique()))}).")
 
 

@@ -180,6 +180,12 @@ def test_runs_without_weights_are_compared_from_what_their_training_recorded(tmp
     assert table.equals(tables.paired(rescored[rescored["run_id"].isin(recorded["run_id"])])[0])
 
 
+def test_one_network_taken_from_its_record_reads_in_the_singular():
+    one = pd.DataFrame({"run_device": ["NVIDIA H100 80GB HBM3"]})
+    assert tables.taken_from_record(one) == ("1 more, whose weights git does not keep, is taken as its training "
+                                             "recorded it (right or wrong per image, on NVIDIA H100 80GB HBM3).")
+
+
 def test_an_unmatched_selection_gets_one_line_and_exit_2():
     result = run_main("analysis.test_predictions", "--runs", "results", "--only", "nothing")
     assert result.returncode == 2 and result.stderr.strip() == "error: no finished run matches nothing"
