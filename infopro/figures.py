@@ -148,7 +148,7 @@ def with_remeasured_times(results, table: pd.DataFrame) -> pd.DataFrame:
     if not path.is_file():
         return table
     later = read_result(path, "bench", BENCH_COLUMNS + TIME_COLUMNS + ("git_commit",))
-    later = later[later["error"].isna()] if "error" in later else later
+    later = plots.measured_rows(later)
     if "e2e" not in set(later["method"]):
         raise InfoProError(f"{path} holds no E2E step: a re-measurement's time ratios are against its own E2E; "
                            f"measure again with e2e among --methods")
@@ -185,7 +185,7 @@ def load_profile(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     profile = read_result(path, "bench", ("method", "self_ms_per_step", "share", "steps", "git_commit"))
-    return profile[profile["error"].isna()] if "error" in profile else profile
+    return plots.measured_rows(profile)
 
 
 def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:

@@ -107,6 +107,11 @@ def new_figure(width: float, height: float, rows: int = 1, cols: int = 1):
     return figure, figure.subplots(rows, cols, squeeze=False)
 
 
+def measured_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a benchmark CSV whose method was measured: a failed method's row holds its `error`."""
+    return rows[rows["error"].isna()] if "error" in rows else rows
+
+
 def commits(column: pd.Series) -> str:
     """The short commits a column of full ones holds, in order of first appearance."""
     return ", ".join(dict.fromkeys(commit[:7] for commit in column.astype(str)))
@@ -536,7 +541,7 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame, work: dict[str, pd.DataF
     figure, axes = new_figure(12.6, 0.8 + 3.2 * len(archs), len(archs), 3)
     notes = []
     for row, arch in enumerate(archs):
-        rows = bench[(bench["arch"] == arch) & (bench["error"].isna() if "error" in bench else True)]
+        rows = measured_rows(bench[bench["arch"] == arch])
         column, described = memory_column(rows)
         errors, recipe = errors_by_method(runs, arch, rows["method"])
         counted = work.get(arch, pd.DataFrame())

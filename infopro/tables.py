@@ -13,8 +13,8 @@ import pandas as pd
 from infopro.bench import WHOLE_NETWORK
 from infopro.errors import InfoProError
 from infopro.paired import paired_comparisons
-from infopro.plots import (METHODS, commits, equal_depth, figure_rows, main_recipe, remeasured_times,
-                           training_by_recipe, with_method)
+from infopro.plots import (METHODS, commits, equal_depth, figure_rows, main_recipe, measured_rows,
+                           remeasured_times, training_by_recipe, with_method)
 from infopro.records import atomic_write
 
 
@@ -294,11 +294,11 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
     `max_batch` (the search's CSV), each method's largest batch under each cap as well; with
     `work` (the counts' CSV), the extra FLOPs and operators beside the extra time; with `profile`
     (the operator profile's CSV), the extra busy time beside it."""
-    measured = bench[bench["error"].isna()] if "error" in bench else bench
-    measured = measured.set_index("method")
+    measured = measured_rows(bench).set_index("method")
     order = [m for m in TABLE3_METHODS if m in measured.index]
     first = measured.loc[order[0]]
     column, described = memory_column(measured)
+    busy = None if profile is None else busy_times(profile)
     errors, _ = errors_by_method(runs, first["arch"], order)
     paper = reference[(reference["arch"] == first["arch"]) & (reference["dataset"] == "cifar10")]
     paper = {method_label(m, K): row for m, K, (_, row) in zip(paper["method"], paper["K"], paper.iterrows())}
@@ -311,7 +311,7 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
             "ours: memory (GiB)": f"{ours[column] / 2**30:.2f}",
             "ours: vs E2E": f"{100 * (ours[f'{column}_vs_e2e'] - 1):+.1f}%",
             "ours: time vs E2E": f"{100 * (ours['step_seconds_vs_e2e'] - 1):+.1f}%",
-        } | extra_busy_time(profile, method) | extra_work(work, method) | {
+        } | extra_busy_time(busy, method) | extra_work(work, method) | {
             "ours: error (%)": mean_std(mean, std), "n": n,
             "paper: memory (GB)": "–" if ref is None else f"{ref['memory_gb']:.2f}",
             "paper: time": "–" if ref is None or pd.isna(ref["overhead_wall_pct"]) else f"+{ref['overhead_wall_pct']:.1f}%",
@@ -342,15 +342,21 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
     return pd.DataFrame(rows), caption
 
 
-def extra_busy_time(profile: pd.DataFrame | None, method: str) -> dict:
-    """{"ours: busy time vs E2E": "+x%"}: the summed self time of `method`'s operators per step against
-    E2E's ({} without a profile; – for a method not profiled).
+def busy_times(profile: pd.DataFrame) -> pd.Series:
+    """method -> the summed self time of all its operators per step (ms): the profile keeps the top
+    operators, each with its share of all of them, so their time over their share is the whole.
 
     Why beside the wall time: the time a GPU spends in kernels is what a method's extra work costs;
     wall time above it is time the GPU waited (for the host, for a copy)."""
-    if profile is None:
+    by_method = profile.groupby("method")
+    return by_method["self_ms_per_step"].sum() / by_method["share"].sum()
+
+
+def extra_busy_time(busy: pd.Series | None, method: str) -> dict:
+    """{"ours: busy time vs E2E": "+x%"} of `method` from `busy_times` ({} without a profile; – for a
+    method not profiled)."""
+    if busy is None:
         return {}
-    busy = profile.groupby("method")["self_ms_per_step"].sum() / profile.groupby("method")["share"].sum()
     ratio = busy.get(method, float("nan")) / busy.get("e2e", float("nan"))
     return {"ours: busy time vs E2E": "–" if pd.isna(ratio) else f"{100 * (ratio - 1):+.1f}%"}
 
