@@ -54,7 +54,8 @@ def parse_args(argv=None):
                         "--caps (CUDA); pipeline: one epoch of our pipeline vs a DataLoader; work: each "
                         "method's FLOPs, operators and bytes accessed per step (one untimed step each, E2E's "
                         "always); profile: "
-                        "the operators a step's time goes to (--steps profiled steps after --warmup)")
+                        "the operators a step's time goes to (--steps profiled steps after --warmup) and, "
+                        "on CUDA, where the GPU's idle time goes")
     p.add_argument("--caps", metavar="GIB,...", type=gib_list, default=[2.0, 4.0, 8.0],
                    help="CUDA allocation caps for --measure max-batch (default 2,4,8)")
     p.add_argument("--pipeline-images", type=at_least(1), help="images in that epoch (default 50000; 512 with --quick)")
@@ -82,8 +83,7 @@ def worker(args) -> None:
         peak_bytes = cuda_peak_bytes(method, args.arch, args.precision, device)
         record = {"max_batch": search_max_batches(peak_bytes, [cap * 2**30 for cap in args.search_caps])}
     elif args.profile:
-        record = {"operators": profile_step(method, args.arch, args.batch_size, args.precision, device, args.steps,
-                                            args.warmup)}
+        record = profile_step(method, args.arch, args.batch_size, args.precision, device, args.steps, args.warmup)
     else:
         record = measure(method, args.arch, args.batch_size, args.precision, device, args.steps, args.warmup)
     print(json.dumps(record))
@@ -140,10 +140,13 @@ def main(argv=None):
                   .to_dict("records"))
         print(f"wrote {path}")
     if "profile" in args.measure:
-        rows = run_profiles(methods, args.arch, args.batch_size, args.precision, device.type, args.steps, args.warmup)
-        path = Path(args.out) / f"profile-{stem.name}.csv"
-        write_csv(path, [row | context for row in rows])
-        print(f"wrote {path}")
+        rows, idle_rows = run_profiles(methods, args.arch, args.batch_size, args.precision, device.type, args.steps,
+                                       args.warmup)
+        for path, table in ((Path(args.out) / f"profile-{stem.name}.csv", rows),
+                            (Path(args.out) / f"idle-{stem.name}.csv", idle_rows)):
+            if table:  # no idle rows on a CPU: it has no timeline of its own to read gaps from
+                write_csv(path, [row | context for row in table])
+                print(f"wrote {path}")
     if "pipeline" in args.measure:
         result = compare_pipelines("resnet32", args.pipeline_images, args.batch_size, device) | provenance(device)
         write_csv(Path(args.out) / f"pipeline-resnet32-b{args.batch_size}-{device_slug(device)}.csv", [result])

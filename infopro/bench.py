@@ -35,7 +35,9 @@ they say which kind of work a method's time overhead follows.
 
 Profile (`profile_step`): where a step's time goes, per ATen operator: its calls and its self
 time on the device (the kernels it launched; on a CPU its own time) per step, from
-`torch.profiler` over a few steps after warm-up; the operators that take the most of it.
+`torch.profiler` over a few steps after warm-up; the operators that take the most of it. On CUDA
+also where the GPU's idle time in those steps goes, read from the trace's timeline
+(`infopro.trace`: waiting for the host's dispatch, a synchronisation, the allocator, or queued).
 
 Max batch (CUDA): per method, the largest batch that trains under each allocation cap, found
 by real trials in one fresh process per method (`search_max_batches`).
@@ -68,6 +70,7 @@ from infopro.local import run_layers
 from infopro.memory import PeakTensorMemory, SavedActivations
 from infopro.records import REPO_ROOT, device_name, write_csv
 from infopro.splits import PAPER_LOSS_WEIGHTS, PAPER_SPLITS
+from infopro.trace import CAUSES, gpu_idle, trace_spans
 from infopro.train import TrainConfig, build_net, configure_backends, place, train_step
 
 WHOLE_NETWORK = ("e2e", "checkpoint", "offload")  # families that back-propagate end to end: no K
@@ -217,6 +220,7 @@ def measure(method: Method, arch: str, batch_size: int, precision: str, device: 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+    allocator_before = allocator_calls(device)
     timer = StepTimer(device)
     for _ in range(steps):
         timer.start()
@@ -224,11 +228,14 @@ def measure(method: Method, arch: str, batch_size: int, precision: str, device: 
         optimizer.step()
         timer.stop()
     step_seconds = sorted(timer.seconds())
+    allocator_after = allocator_calls(device)
     median = step_seconds[len(step_seconds) // 2]
     record = {"method": method.label, "family": method.family, "K": method.K,
               "step_seconds": median, "step_seconds_min": step_seconds[0], "step_seconds_max": step_seconds[-1],
               "images_per_second": batch_size / median}
     record |= cuda_memory(device)
+    record |= {f"{key}_in_timed_steps": None if value is None else allocator_after[key] - value
+               for key, value in allocator_before.items()}
     record |= device_independent_memory(method, forward_backward, device)
     record |= {"parameter_bytes": sum(p.numel() * p.element_size() for p in net.parameters()),
                "optimizer_state_bytes": sum(v.numel() * v.element_size() for state in optimizer.state.values()
@@ -243,6 +250,15 @@ def cuda_memory(device: torch.device) -> dict:
     free, total = torch.cuda.mem_get_info(device)
     return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved(device), "device_used_bytes": total - free}
+
+
+def allocator_calls(device: torch.device) -> dict:
+    """How often CUDA's caching allocator has called cudaMalloc and cudaFree (which synchronises the
+    device) and retried after freeing its cache, so far: in a steady state none of them happen, and
+    any during timed steps would leave the GPU idle (None on a CPU)."""
+    stats = torch.cuda.memory_stats(device) if device.type == "cuda" else {}
+    return {"cuda_mallocs": stats.get("segment.all.allocated"), "cuda_frees": stats.get("segment.all.freed"),
+            "allocator_retries": stats.get("num_alloc_retries")}
 
 
 def device_independent_memory(method: Method, forward_backward, device: torch.device) -> dict:
@@ -308,12 +324,14 @@ PROFILE_TOP = 25  # operators kept per method: the rest of a step's time is in i
 
 
 def profile_step(method: Method, arch: str, batch_size: int, precision: str, device: torch.device, steps: int,
-                 warmup: int, top: int = PROFILE_TOP) -> list[dict]:
-    """The `top` operators by self time per step on `device`, over `steps` profiled steps after `warmup`.
+                 warmup: int, top: int = PROFILE_TOP) -> dict:
+    """`operators`: the `top` operators by self time per step on `device`, over `steps` profiled steps
+    after `warmup`; `gpu_idle`: on CUDA, where the GPU's idle time in those steps goes (`infopro.trace`).
 
     Why: the time overheads of local learning and checkpointing follow their operator counts, not
     their FLOPs; a profile says which operators the time goes to. On CUDA an operator's self time
     is that of the kernels it launched (the GPU's busy time, idle gaps excluded); on a CPU, its own.
+    The idle gaps are read from the same trace's timeline.
     """
     _, optimizer, _, forward_backward = prepare_step(method, arch, batch_size, precision, device)
     for _ in range(warmup):
@@ -331,15 +349,17 @@ def profile_step(method: Method, arch: str, batch_size: int, precision: str, dev
                  if event.device_type == DeviceType.CPU and getattr(event, self_time) > 0]
     total = sum(getattr(event, self_time) for event in operators)
     operators.sort(key=lambda event: getattr(event, self_time), reverse=True)
-    return [{"operator": event.key, "calls_per_step": event.count / steps,
-             "self_ms_per_step": getattr(event, self_time) / 1000 / steps, "share": getattr(event, self_time) / total}
-            for event in operators[:top]]
+    return {"operators": [{"operator": event.key, "calls_per_step": event.count / steps,
+                           "self_ms_per_step": getattr(event, self_time) / 1000 / steps,
+                           "share": getattr(event, self_time) / total} for event in operators[:top]],
+            "gpu_idle": gpu_idle(*trace_spans(profiler.events()), steps)}  # {} on a CPU: no GPU activity
 
 
 def run_profiles(methods: list[str], arch: str, batch_size: int, precision: str, device: str, steps: int,
-                 warmup: int, timeout: float = 3600, log=print) -> list[dict]:
-    """Profile each method in a fresh process: one row per method and operator, or one with its error."""
-    rows = []
+                 warmup: int, timeout: float = 3600, log=print) -> tuple[list[dict], list[dict]]:
+    """Profile each method in a fresh process: one row per method and operator, or one with its error;
+    and one row per method of where the GPU's idle time goes (none on a CPU)."""
+    rows, idle_rows = [], []
     for label in methods:
         found = run_in_fresh_process(worker_args(label, arch, precision, device, "--batch-size", str(batch_size),
                                                  "--steps", str(steps), "--warmup", str(warmup), "--profile"), timeout)
@@ -350,7 +370,11 @@ def run_profiles(methods: list[str], arch: str, batch_size: int, precision: str,
         rows += [{"method": label} | operator for operator in found["operators"]]
         log(f"{label:<22} " + ", ".join(f"{operator['operator']} {100 * operator['share']:.0f}%"
                                         for operator in found["operators"][:3]))
-    return rows
+        if found["gpu_idle"]:
+            idle_rows.append({"method": label} | found["gpu_idle"])
+            log(f"{'':<22} GPU idle {found['gpu_idle']['idle_ms_per_step']:.1f} ms a step: "
+                + ", ".join(f"{cause} {found['gpu_idle'][f'idle_{cause}_ms_per_step']:.1f}" for cause in CAUSES))
+    return rows, idle_rows
 
 
 def run_in_fresh_process(args: list[str], timeout: float) -> dict:

@@ -99,9 +99,10 @@ def stages(results: Path, data_root: str | None) -> list[Stage]:
               lambda left: python + ["experiments.grid", GRID, *data, "--measure-jobs", "1", "2", "4", "6",
                                      "--bench-out", str(bench)],
               minutes=4),
-        Stage("profile", "the operators a step's time goes to, ResNet-110, batch 1024: E2E, checkpointing, "
-                         "greedy SL, InfoPro and InfoPro* at K = 4, InfoPro at K = 16",
-              lambda: bool(gpu_files(bench, "profile-resnet110-b1024-fp32-*.csv")),
+        Stage("profile", "the operators a step's time goes to and where the GPU's idle time goes, ResNet-110, "
+                         "batch 1024: E2E, checkpointing, greedy SL, InfoPro and InfoPro* at K = 4, InfoPro at K = 16",
+              lambda: bool(gpu_files(bench, "profile-resnet110-b1024-fp32-*.csv")
+                           and gpu_files(bench, "idle-resnet110-b1024-fp32-*.csv")),
               lambda left: python + ["experiments.bench", "--measure", "profile", "--steps", "5",
                                      "--methods", *PROFILE_METHODS, "--out", str(bench)],
               minutes=3),

@@ -149,6 +149,7 @@ def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     assert "error" not in table or table["error"].isna().all()
     assert (table["step_seconds"] > 0).all() and table.loc["e2e", "step_seconds_vs_e2e"] == 1
     assert table["git_commit"].notna().all() and (table["device"] == "cpu").all()
+    assert table["cuda_mallocs_in_timed_steps"].isna().all()  # the CUDA allocator's counts: none on a CPU
     pipeline = pd.read_csv(tmp_path / "pipeline-resnet32-b32-cpu.csv")
     assert pipeline.loc[0, "ours_epoch_seconds"] > 0 and pipeline.loc[0, "reference_epoch_seconds"] > 0
     work = pd.read_csv(tmp_path / "work-resnet32-b32.csv").set_index("method")
@@ -160,6 +161,7 @@ def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     for _, operators in profile.groupby("method"):
         assert operators["share"].between(0, 1).all() and operators["share"].sum() <= 1 + 1e-9
         assert "convolution" in operators.sort_values("share").iloc[-1]["operator"]  # a CPU step's biggest cost
+    assert not (tmp_path / "idle-resnet32-b32-fp32-cpu.csv").exists()  # the GPU's idle time: CUDA only
 
 
 def test_bench_refuses_bad_input_in_one_line(tmp_path):

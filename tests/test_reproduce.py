@@ -51,6 +51,8 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     (bench / "profile-resnet110-b1024-fp32-cpu.csv").touch()
     assert not plan["profile"].done()
     (bench / "profile-resnet110-b1024-fp32-nvidia-h100.csv").touch()
+    assert not plan["profile"].done()  # a profile made before the idle-time analysis: made again
+    (bench / "idle-resnet110-b1024-fp32-nvidia-h100.csv").touch()
     assert plan["profile"].done()
     assert best_jobs(bench) == 1
     pd.DataFrame({"jobs": [1, 2, 4], "best": [False, True, False]}).to_csv(
