@@ -7,9 +7,10 @@
 
 Stages (infopro/reproduce.py): table3 (`experiments.bench --measure steps pipeline`), module-parallel
 (`experiments.bench_module_parallel` on the GPU), max-batch, grid-jobs, profile (`experiments.bench
---measure profile`: which operators a ResNet-110 step's time goes to, six methods),
-and table2 (the table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160 epochs, resumed across
-calls). They feed Table 3, fig_memory, the module-parallel, max-batch and profile CSVs, Table 2
+--measure profile`: which operators a ResNet-110 step's time goes to, and where the GPU's idle
+time goes, six methods), retime (every method's step time again, into results/bench/remeasured/),
+table2 (the table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160 epochs, resumed across
+calls) and dgl (table2-dgl-resnet32, after it). They feed Table 3, fig_memory, the module-parallel, max-batch and profile CSVs, Table 2
 and fig7; fig8 and fig10 follow from `make probes mutual-info figures tables`. Each stage is
 skipped once its results exist; a failing stage is reported and the next one runs. GPU time on one H100
 (results/bench/logs/): table3 5.7 min, module-parallel 2.4, max-batch 8.5, grid-jobs 1.6, profile

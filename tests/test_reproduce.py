@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, run_main
+from infopro.bench import default_methods
 from infopro.errors import InfoProError
 from infopro.records import git_state
 from infopro.reproduce import Stage, best_jobs, check_code_is_named, pack, results_since, run_stages, stages
@@ -40,7 +41,7 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     bench = tmp_path / "bench"
     bench.mkdir()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
-    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "table2", "dgl"]
+    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "retime", "table2", "dgl"]
     assert not any(stage.done() for stage in plan.values())
     for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-cpu.csv"):
         (bench / name).touch()
@@ -55,6 +56,8 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     (bench / "idle-resnet110-b1024-fp32-nvidia-h100.csv").touch()
     assert plan["profile"].done()
     assert best_jobs(bench) == 1
+    retime = plan["retime"].command(9.0)
+    assert retime[retime.index("--out") + 1] == str(bench.resolve() / "remeasured")
     pd.DataFrame({"jobs": [1, 2, 4], "best": [False, True, False]}).to_csv(
         bench / "grid-jobs-table2-resnet32-nvidia-h100.csv", index=False)
     command = plan["table2"].command(12.5)
@@ -64,11 +67,28 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     assert dgl[dgl.index("experiments.grid") + 1] == "table2-dgl-resnet32" and dgl[dgl.index("--jobs") + 1] == "2"
 
 
+def test_retime_is_done_once_the_gpus_step_table_has_a_twin_timing_every_method(tmp_path):
+    """The twin must carry the step table's own name (the same GPU) and every default method: a call
+    cut short, or one made on another GPU, leaves the stage to do."""
+    bench, remeasured = tmp_path / "bench", tmp_path / "bench" / "remeasured"
+    remeasured.mkdir(parents=True)
+    retime = {stage.name: stage for stage in stages(tmp_path, None)}["retime"]
+    name = "resnet110-b1024-fp32-nvidia-h100.csv"
+    (bench / name).touch()
+    every = default_methods("resnet110")
+    pd.DataFrame({"method": every}).to_csv(remeasured / "resnet110-b1024-fp32-nvidia-h200.csv", index=False)
+    assert not retime.done()
+    pd.DataFrame({"method": every[:-1]}).to_csv(remeasured / name, index=False)
+    assert not retime.done()
+    pd.DataFrame({"method": every}).to_csv(remeasured / name, index=False)
+    assert retime.done()
+
+
 def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
     lines = result.stdout.splitlines()
     stage_lines = [line for line in lines if not line.startswith(" ")]
-    assert result.returncode == 0 and len(stage_lines) == 7 and len(lines) == 11
+    assert result.returncode == 0 and len(stage_lines) == 8 and len(lines) == 12
     assert all(line.startswith("to do") for line in stage_lines)
     assert [line.split()[2] for line in stage_lines[-2:]] == ["table2", "dgl"]
     for stage, runs in ((-6, 39), (-3, 12)):  # each grid stage ends with `grid --status`'s two totals
