@@ -68,8 +68,8 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
 
 
 def test_retime_is_done_once_the_gpus_step_table_has_a_twin_timing_every_method(tmp_path):
-    """The twin must carry the step table's own name (the same GPU) and every default method: a call
-    cut short, or one made on another GPU, leaves the stage to do."""
+    """The twin must carry the step table's own name (the same GPU) and every default method, and the
+    pipeline must be timed again: a call cut short, or one made on another GPU, leaves the stage to do."""
     bench, remeasured = tmp_path / "bench", tmp_path / "bench" / "remeasured"
     remeasured.mkdir(parents=True)
     retime = {stage.name: stage for stage in stages(tmp_path, None)}["retime"]
@@ -81,6 +81,10 @@ def test_retime_is_done_once_the_gpus_step_table_has_a_twin_timing_every_method(
     pd.DataFrame({"method": every[:-1]}).to_csv(remeasured / name, index=False)
     assert not retime.done()
     pd.DataFrame({"method": every}).to_csv(remeasured / name, index=False)
+    assert not retime.done()
+    (remeasured / "pipeline-resnet32-b1024-cpu.csv").touch()
+    assert not retime.done()
+    (remeasured / "pipeline-resnet32-b1024-nvidia-h100.csv").touch()
     assert retime.done()
 
 
