@@ -338,6 +338,8 @@ def profile_step(method: Method, arch: str, batch_size: int, precision: str, dev
         forward_backward()
         optimizer.step()
     on_cuda = device.type == "cuda"
+    if on_cuda:
+        torch.cuda.synchronize(device)  # so that no warm-up kernel runs into the profiled window
     with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as profiler:
         for _ in range(steps):
             forward_backward()
