@@ -4,11 +4,12 @@ GPU time comes in short leases, so the work is cut into stages, each skipped onc
 writes exists (the grid resumes its partial runs): calling again continues where the last
 call stopped. The order puts first what one lease can finish: the Table 3 benchmark and the
 input-pipeline comparison, the module-parallel throughput, the max-batch search, the grid's
---jobs measurement, a profile of where a step's time goes, every method's step time again with the
-current training step, then the Table 2 grid with whatever time is left, and the grid of Table 2's DGL row after it. A lent machine is lost with everything
-on it, so a call can pack what it wrote (`pack`) for the way back. The analysis of finished runs
-(probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well (`make probes mutual-info
-figures tables`).
+--jobs measurement, a profile of where a step's time goes (ResNet-110's methods, then ResNet-32's
+E2E), every method's step time again with the current training step, then the Table 2 grid with
+whatever time is left, and the grid of Table 2's DGL row after it. A lent machine is lost with
+everything on it, so a call can pack what it wrote (`pack`) for the way back. The analysis of
+finished runs (probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well (`make probes
+mutual-info figures tables`).
 """
 
 import sys
@@ -122,6 +123,12 @@ def stages(results: Path, data_root: str | None) -> list[Stage]:
               lambda left: python + ["experiments.bench", "--measure", "profile", "--steps", "5",
                                      "--methods", *PROFILE_METHODS, "--out", str(bench)],
               minutes=3),
+        Stage("profile-resnet32", "where a ResNet-32 E2E step's time goes, batch 1024 (the goal of an epoch in "
+                                  "0.5 s): its operators and the GPU's idle time",
+              lambda: bool(gpu_files(bench, "idle-resnet32-b1024-fp32-*.csv")),
+              lambda left: python + ["experiments.bench", "--arch", "resnet32", "--measure", "profile", "--steps", "5",
+                                     "--methods", "e2e", "--out", str(bench)],
+              minutes=1),
         Stage("retime", "every method's step time again with the current training step, ResNet-110, batch "
                         "1024, fp32, and our input pipeline against a DataLoader (both predate 7fef106)",
               lambda: retimed(bench),

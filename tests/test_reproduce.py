@@ -41,7 +41,8 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     bench = tmp_path / "bench"
     bench.mkdir()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
-    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "retime", "table2", "dgl"]
+    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "profile-resnet32",
+                          "retime", "table2", "dgl"]
     assert not any(stage.done() for stage in plan.values())
     for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-cpu.csv"):
         (bench / name).touch()
@@ -54,7 +55,9 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     (bench / "profile-resnet110-b1024-fp32-nvidia-h100.csv").touch()
     assert not plan["profile"].done()  # a profile made before the idle-time analysis: made again
     (bench / "idle-resnet110-b1024-fp32-nvidia-h100.csv").touch()
-    assert plan["profile"].done()
+    assert plan["profile"].done() and not plan["profile-resnet32"].done()
+    (bench / "idle-resnet32-b1024-fp32-nvidia-h100.csv").touch()
+    assert plan["profile-resnet32"].done()
     assert best_jobs(bench) == 1
     retime = plan["retime"].command(9.0)
     assert retime[retime.index("--out") + 1] == str(bench.resolve() / "remeasured")
@@ -92,7 +95,7 @@ def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
     lines = result.stdout.splitlines()
     stage_lines = [line for line in lines if not line.startswith(" ")]
-    assert result.returncode == 0 and len(stage_lines) == 8 and len(lines) == 12
+    assert result.returncode == 0 and len(stage_lines) == 9 and len(lines) == 13
     assert all(line.startswith("to do") for line in stage_lines)
     assert [line.split()[2] for line in stage_lines[-2:]] == ["table2", "dgl"]
     for stage, runs in ((-6, 39), (-3, 12)):  # each grid stage ends with `grid --status`'s two totals
