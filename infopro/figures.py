@@ -188,6 +188,15 @@ def load_profile(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     return plots.measured_rows(profile)
 
 
+def load_idle(results, bench: pd.DataFrame) -> pd.DataFrame | None:
+    """Where the GPU's idle time went in the profiled steps of the step table's architecture, batch,
+    precision and GPU (`infopro.trace`), if that was read (GPU only)."""
+    path = Path(results) / "bench" / f"idle-{bench['source_file'].iloc[0]}"
+    if not path.is_file():
+        return None
+    return read_result(path, "bench", ("method", "idle_ms_per_step", "idle_dispatch_ms_per_step", "git_commit"))
+
+
 def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     """The work counts of the step table's architecture and batch, if they were made (on any device:
     FLOPs depend on shapes only). Operators may be blank: offload's, counted off a GPU."""
@@ -205,10 +214,11 @@ def memory_figure(results):
 
 def table3(results) -> tuple[pd.DataFrame, str]:
     """Table 3 and its caption: the step table, test errors of runs, the paper's values, max batch if
-    searched, the work of a step if counted, its busy time if profiled."""
+    searched, the work of a step if counted, its busy time if profiled and its GPU's idle time if read."""
     bench = table3_bench(results)
     return tables.table3(bench, runs_or_empty(results), load_reference(results, "table3"),
-                         load_max_batch(results, bench), load_work(results, bench), load_profile(results, bench))
+                         load_max_batch(results, bench), load_work(results, bench), load_profile(results, bench),
+                         load_idle(results, bench))
 
 
 def runs_or_empty(results) -> pd.DataFrame:

@@ -289,11 +289,12 @@ def memory_column(bench: pd.DataFrame) -> tuple[str, str]:
 
 def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
            max_batch: pd.DataFrame | None = None, work: pd.DataFrame | None = None,
-           profile: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
+           profile: pd.DataFrame | None = None, idle: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
     """Memory, time overhead and test error per method, ours beside the paper's Table 3; with
     `max_batch` (the search's CSV), each method's largest batch under each cap as well; with
     `work` (the counts' CSV), the extra FLOPs and operators beside the extra time; with `profile`
-    (the operator profile's CSV), the extra busy time beside it."""
+    (the operator profile's CSV), the extra busy time beside it; with `idle` (`infopro.trace`'s CSV),
+    the GPU's idle time a step and how much of it waited for the host's dispatch."""
     measured = measured_rows(bench).set_index("method")
     order = [m for m in TABLE3_METHODS if m in measured.index]
     first = measured.loc[order[0]]
@@ -311,7 +312,7 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
             "ours: memory (GiB)": f"{ours[column] / 2**30:.2f}",
             "ours: vs E2E": f"{100 * (ours[f'{column}_vs_e2e'] - 1):+.1f}%",
             "ours: time vs E2E": f"{100 * (ours['step_seconds_vs_e2e'] - 1):+.1f}%",
-        } | extra_busy_time(busy, method) | extra_work(work, method) | {
+        } | extra_busy_time(busy, method) | idle_time(idle, method) | extra_work(work, method) | {
             "ours: error (%)": mean_std(mean, std), "n": n,
             "paper: memory (GB)": "–" if ref is None else f"{ref['memory_gb']:.2f}",
             "paper: time": "–" if ref is None or pd.isna(ref["overhead_wall_pct"]) else f"+{ref['overhead_wall_pct']:.1f}%",
@@ -331,6 +332,11 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
                     f"{', '.join(sorted(profile['steps'].astype(int).astype(str).unique()))} steps after warm-up, "
                     f"at {commits(profile['git_commit'])}; on a GPU the time its kernels keep it busy, idle gaps "
                     "excluded; – : not profiled).")
+    if idle is not None:
+        caption += (" GPU idle: the time a profiled step left the GPU without a kernel, copy or fill, and in "
+                    "brackets the part of it in which the next kernel was not yet launched and the host made no "
+                    "synchronisation, allocator or copy call: waiting for the host's dispatch (infopro.trace; the "
+                    f"profiler slows the host, so an upper bound; at {commits(idle['git_commit'])}; – : not read).")
     if work is not None:
         caption += (" FLOPs and operators vs E2E: the FLOPs of a step's convolutions and matrix products "
                     "(torch.utils.flop_counter) and the ATen operators it dispatches, views excluded, forward and "
@@ -359,6 +365,18 @@ def extra_busy_time(busy: pd.Series | None, method: str) -> dict:
         return {}
     ratio = busy.get(method, float("nan")) / busy.get("e2e", float("nan"))
     return {"ours: busy time vs E2E": "–" if pd.isna(ratio) else f"{100 * (ratio - 1):+.1f}%"}
+
+
+def idle_time(idle: pd.DataFrame | None, method: str) -> dict:
+    """{"ours: GPU idle (ms/step)": "idle (dispatch)"} of `method` from the idle CSV ({} when it was
+    not read; – for a method not profiled)."""
+    if idle is None:
+        return {}
+    found = idle[idle["method"] == method]
+    if found.empty:
+        return {"ours: GPU idle (ms/step)": "–"}
+    row = found.iloc[0]
+    return {"ours: GPU idle (ms/step)": f"{row['idle_ms_per_step']:.1f} ({row['idle_dispatch_ms_per_step']:.1f})"}
 
 
 WORK_COLUMNS = {"ours: FLOPs vs E2E": "step_flops_vs_e2e", "ours: operators vs E2E": "step_operators_vs_e2e"}

@@ -95,6 +95,23 @@ def test_table3_takes_re_measured_times_against_their_own_e2e_and_the_profiled_b
         table3(results)
 
 
+def test_table3_shows_the_gpus_idle_time_where_the_trace_was_read(tmp_path):
+    """A stand-in idle CSV of two methods: each gets its idle time and, in brackets, its dispatch
+    share; a method not profiled gets a dash, and the caption names the commit."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    name = table3_bench(results)["source_file"].iloc[0]
+    _, caption = table3(results)
+    assert "GPU idle" not in caption
+    pd.DataFrame({"method": ["e2e", "checkpoint"], "idle_ms_per_step": [2.5, 19.5],
+                  "idle_dispatch_ms_per_step": [0.3, 17.0], "git_commit": "d" * 40}).to_csv(
+        results / "bench" / f"idle-{name}", index=False)
+    table, caption = table3(results)
+    idle = table.set_index("method")["ours: GPU idle (ms/step)"]
+    assert list(idle[["e2e", "checkpoint", "greedy:4"]]) == ["2.5 (0.3)", "19.5 (17.0)", "–"]
+    assert "waiting for the host's dispatch" in caption and "at ddddddd" in caption
+
+
 def test_a_work_csv_without_operator_counts_shows_its_flops_and_a_dash():
     """A work CSV written before operators were counted, or cut to FLOPs by hand, was a KeyError."""
     flops_only = pd.DataFrame({"method": ["e2e", "checkpoint"], "step_flops_vs_e2e": [1.0, 1.25]})
