@@ -372,10 +372,11 @@ def run_profiles(methods: list[str], arch: str, batch_size: int, precision: str,
         rows += [{"method": label} | operator for operator in found["operators"]]
         log(f"{label:<22} " + ", ".join(f"{operator['operator']} {100 * operator['share']:.0f}%"
                                         for operator in found["operators"][:3]))
-        if found["gpu_idle"]:
-            idle_rows.append({"method": label} | found["gpu_idle"])
-            log(f"{'':<22} GPU idle {found['gpu_idle']['idle_ms_per_step']:.1f} ms a step: "
-                + ", ".join(f"{cause} {found['gpu_idle'][f'idle_{cause}_ms_per_step']:.1f}" for cause in CAUSES))
+        if idle := found["gpu_idle"]:
+            idle_rows.append({"method": label} | idle)
+            log(f"{'':<22} GPU idle {idle['idle_ms_per_step']:.1f} ms a step: "
+                + ", ".join(f"{cause} {idle[f'idle_{cause}_ms_per_step']:.1f}" for cause in CAUSES)
+                + f"; longest gap {idle['longest_gap_ms']:.1f} ms ({idle['longest_gap_cause'] or 'none'})")
     return rows, idle_rows
 
 

@@ -95,9 +95,12 @@ def gpu_idle(device: list[Span], host: list[Span], steps: int) -> dict:
     window_start, window_end = busy[0][0], busy[-1][1]
     launches = {call.id: call for call in host if call.id and LAUNCH.search(call.name)}
     waits = [(cause, call) for cause, pattern in HOST_WAITS for call in host if pattern.search(call.name)]
+    gaps = [(gap_end - gap_start, gap_cause(gap_start, gap_end, launches.get(opener.id), waits))
+            for (_, gap_start, _), (gap_end, _, opener) in zip(busy, busy[1:])]
     idle = dict.fromkeys(CAUSES, 0.0)
-    for (_, gap_start, _), (gap_end, _, opener) in zip(busy, busy[1:]):
-        idle[gap_cause(gap_start, gap_end, launches.get(opener.id), waits)] += gap_end - gap_start
+    for length, cause in gaps:
+        idle[cause] += length
+    longest, longest_cause = max(gaps, default=(0.0, ""))
     in_window = [call for call in host if window_start <= call.start and call.end <= window_end]
     launched = [call for call in in_window if LAUNCH.search(call.name)]
 
@@ -107,7 +110,8 @@ def gpu_idle(device: list[Span], host: list[Span], steps: int) -> dict:
     record = {"profiled_ms_per_step": ms_per_step(window_end - window_start),
               "busy_ms_per_step": ms_per_step(sum(end - start for start, end, _ in busy)),
               "idle_ms_per_step": ms_per_step(sum(idle.values())),
-              "gaps_per_step": (len(busy) - 1) / steps}
+              "gaps_per_step": len(gaps) / steps,
+              "longest_gap_ms": longest / 1000, "longest_gap_cause": longest_cause}  # one stall, or many small?
     record |= {f"idle_{cause}_ms_per_step": ms_per_step(idle[cause]) for cause in CAUSES}
     record |= {"activities_per_step": len(device) / steps,
                "matched_share": sum(span.id in launches for span in device) / len(device),

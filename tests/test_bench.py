@@ -10,7 +10,7 @@ import torch
 from conftest import run_cli, run_main
 import infopro.bench
 from infopro.bench import (Method, count_work, cuda_peak_bytes, default_methods, largest_fitting, measure,
-                           search_max_batches, with_ratios)
+                           run_profiles, search_max_batches, with_ratios)
 from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory
 
@@ -162,6 +162,22 @@ def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
         assert operators["share"].between(0, 1).all() and operators["share"].sum() <= 1 + 1e-9
         assert "convolution" in operators.sort_values("share").iloc[-1]["operator"]  # a CPU step's biggest cost
     assert not (tmp_path / "idle-resnet32-b32-fp32-cpu.csv").exists()  # the GPU's idle time: CUDA only
+
+
+def test_profiles_keep_each_methods_idle_record_and_log_its_longest_gap(monkeypatch):
+    """A stand-in worker: one method answers with an idle record (as on CUDA), one without (as on a
+    CPU), one fails; only the first gets an idle row, under its own label."""
+    idle = {"idle_ms_per_step": 2.0, "longest_gap_ms": 1.5, "longest_gap_cause": "allocator"}
+    idle |= {f"idle_{cause}_ms_per_step": 0.0 for cause in infopro.bench.CAUSES}
+    operators = [{"operator": "conv", "calls_per_step": 1.0, "self_ms_per_step": 1.0, "share": 1.0}]
+    answers = {"e2e": {"operators": operators, "gpu_idle": idle}, "greedy:2": {"operators": operators, "gpu_idle": {}},
+               "infopro:2": {"error": "out of memory"}}
+    monkeypatch.setattr(infopro.bench, "run_in_fresh_process", lambda args, timeout: answers[args[1]])
+    lines = []
+    rows, idle_rows = run_profiles(list(answers), "resnet32", 8, "fp32", "cuda", 1, 0, log=lines.append)
+    assert [row["method"] for row in rows] == ["e2e", "greedy:2", "infopro:2"] and rows[-1]["error"] == "out of memory"
+    assert idle_rows == [{"method": "e2e"} | idle]
+    assert "longest gap 1.5 ms (allocator)" in lines[1]
 
 
 def test_bench_refuses_bad_input_in_one_line(tmp_path):

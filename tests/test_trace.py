@@ -30,6 +30,7 @@ def test_each_gap_is_put_down_to_its_cause():
     assert idle["busy_ms_per_step"] + idle["idle_ms_per_step"] == pytest.approx(idle["profiled_ms_per_step"])
     assert idle["profiled_ms_per_step"] == pytest.approx(112 / 2000)
     assert idle["gaps_per_step"] == 2.5 and idle["activities_per_step"] == 4
+    assert (idle["longest_gap_ms"], idle["longest_gap_cause"]) == (0.020, "sync")
     assert idle["matched_share"] == 7 / 8
     assert idle["launch_calls_per_step"] == 3  # six launches and copies; the one at -5 is before the window
     assert (idle["sync_calls_per_step"], idle["allocator_calls_per_step"], idle["copy_calls_per_step"]) == (0.5, 0.5, 0)
@@ -51,8 +52,10 @@ def test_zero_correlation_ids_link_nothing():
     assert idle["idle_allocator_ms_per_step"] == pytest.approx(0.010)
 
 
-def test_no_gpu_activity_gives_no_record():
+def test_no_gpu_activity_gives_no_record_and_one_busy_interval_no_gap():
     assert gpu_idle([], [Span("cudaLaunchKernel", 0, 1, 1)], steps=1) == {}
+    idle = gpu_idle([Span("a", 0, 10, 1), Span("b", 5, 20, 2)], [], steps=1)
+    assert (idle["idle_ms_per_step"], idle["gaps_per_step"], idle["longest_gap_cause"]) == (0, 0, "")
 
 
 def test_trace_spans_keeps_gpu_activity_and_the_hosts_cuda_calls():
