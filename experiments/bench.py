@@ -148,8 +148,10 @@ def main(argv=None):
                 write_csv(path, [row | context for row in table])
                 print(f"wrote {path}")
     if "pipeline" in args.measure:
-        result = compare_pipelines("resnet32", args.pipeline_images, args.batch_size, device) | provenance(device)
-        write_csv(Path(args.out) / f"pipeline-resnet32-b{args.batch_size}-{device_slug(device)}.csv", [result])
+        result = compare_pipelines("resnet32", args.pipeline_images, args.batch_size, device,
+                                   args.precision) | provenance(device)
+        write_csv(Path(args.out) / f"pipeline-resnet32-b{args.batch_size}-{args.precision}-{device_slug(device)}.csv",
+                  [result])
         print(f"one E2E ResNet-32 epoch of {args.pipeline_images} images: ours {result['ours_epoch_seconds']:.2f} s, "
               f"reference {result['reference_epoch_seconds']:.2f} s ({result['reference_transforms']}), "
               f"speed-up {result['speedup']:.1f}x")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from infopro.data import MEAN, STD, Split
-from infopro.train import TrainConfig, build_net, configure_backends, place, train_epoch
+from infopro.train import TrainConfig, autocast, build_net, configure_backends, place, train_epoch
 
 
 class PerSampleImages(Dataset):
@@ -66,7 +66,7 @@ def timed(device: torch.device, run) -> float:
     return time.perf_counter() - began
 
 
-def reference_epoch(net, optimizer, loader, device: torch.device) -> None:
+def reference_epoch(net, optimizer, loader, device: torch.device, precision: str) -> None:
     net.train()
     for x, y in loader:
         x = x.to(device, non_blocking=False)
@@ -74,17 +74,21 @@ def reference_epoch(net, optimizer, loader, device: torch.device) -> None:
         if device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
         optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(net.backbone(x), y).backward()
+        with autocast(device, precision):
+            loss = F.cross_entropy(net.backbone(x), y)
+        loss.backward()
         optimizer.step()
 
 
-def compare_pipelines(arch: str, images: int, batch_size: int, device: torch.device, workers: int = 1) -> dict:
-    """Seconds per E2E epoch of both pipelines on `images` random CIFAR-shaped images, and their ratio."""
+def compare_pipelines(arch: str, images: int, batch_size: int, device: torch.device, precision: str = "fp32",
+                      workers: int = 1) -> dict:
+    """Seconds per E2E epoch of both pipelines on `images` random CIFAR-shaped images at `precision`
+    (both under the same autocast), and their ratio."""
     configure_backends(device)
     generator = torch.Generator().manual_seed(0)
     data = Split(torch.randint(0, 256, (images, 3, 32, 32), dtype=torch.uint8, generator=generator),
                  torch.randint(0, 10, (images,), generator=generator))
-    config = TrainConfig(arch=arch, regime="e2e", dataset="synthetic", batch_size=batch_size)
+    config = TrainConfig(arch=arch, regime="e2e", dataset="synthetic", batch_size=batch_size, precision=precision)
     transform, transform_name = reference_transform()
     loader = DataLoader(PerSampleImages(data.images, data.labels, transform), batch_size=batch_size,
                         shuffle=True, num_workers=workers, pin_memory=False)
@@ -93,10 +97,10 @@ def compare_pipelines(arch: str, images: int, batch_size: int, device: torch.dev
         net = place(build_net(config), device)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
         run = partial(train_epoch, net, optimizer, data.to(device), config, epoch=1) if name == "ours" \
-            else partial(reference_epoch, net, optimizer, loader, device)
+            else partial(reference_epoch, net, optimizer, loader, device, precision)
         run()  # warm-up epoch: autotuning, worker start-up
         seconds[name] = timed(device, run)
-    return {"arch": arch, "images": images, "batch_size": batch_size, "loader_workers": workers,
+    return {"arch": arch, "images": images, "batch_size": batch_size, "precision": precision, "loader_workers": workers,
             "reference_transforms": transform_name, "ours_epoch_seconds": seconds["ours"],
             "reference_epoch_seconds": seconds["reference"],
             "speedup": seconds["reference"] / seconds["ours"]}

@@ -60,7 +60,7 @@ def retimed(bench: Path) -> bool:
     stage times them again with the current step, and Table 3 shows those times
     (`infopro.figures.with_remeasured_times`). A call cut short leaves methods out: it runs again."""
     twins = [bench / "remeasured" / path.name for path in gpu_files(bench, "resnet110-b1024-fp32-*.csv")]
-    return bool(gpu_files(bench / "remeasured", "pipeline-resnet32-b1024-*.csv")) and any(
+    return bool(gpu_files(bench / "remeasured", "pipeline-resnet32-b1024-fp32-*.csv")) and any(
         set(default_methods("resnet110"))
         <= set(read_table(twin, "delete it to time the methods again", ("method",))["method"])
         for twin in twins if twin.is_file())
@@ -98,7 +98,7 @@ def stages(results: Path, data_root: str | None) -> list[Stage]:
         Stage("table3", "every method's step time and memory, ResNet-110, batch 1024, fp32; our input "
                         "pipeline against a DataLoader",
               lambda: bool(gpu_files(bench, "resnet110-b1024-fp32-*.csv")
-                           and gpu_files(bench, "pipeline-resnet32-b1024-*.csv")),
+                           and gpu_files(bench, "pipeline-resnet32-b1024-fp32-*.csv")),
               lambda left: python + ["experiments.bench", "--measure", "steps", "pipeline", "--out", str(bench)],
               minutes=8),
         Stage("module-parallel", "images/s of one rank per module against the synchronous trainer, K = 2, 4",

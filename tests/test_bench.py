@@ -150,7 +150,7 @@ def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     assert (table["step_seconds"] > 0).all() and table.loc["e2e", "step_seconds_vs_e2e"] == 1
     assert table["git_commit"].notna().all() and (table["device"] == "cpu").all()
     assert table["cuda_mallocs_in_timed_steps"].isna().all()  # the CUDA allocator's counts: none on a CPU
-    pipeline = pd.read_csv(tmp_path / "pipeline-resnet32-b32-cpu.csv")
+    pipeline = pd.read_csv(tmp_path / "pipeline-resnet32-b32-fp32-cpu.csv")
     assert pipeline.loc[0, "ours_epoch_seconds"] > 0 and pipeline.loc[0, "reference_epoch_seconds"] > 0
     work = pd.read_csv(tmp_path / "work-resnet32-b32.csv").set_index("method")
     assert work.loc["offload", "step_flops"] == work.loc["e2e", "step_flops"] < work.loc["infopro:2", "step_flops"]
@@ -162,6 +162,15 @@ def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
         assert operators["share"].between(0, 1).all() and operators["share"].sum() <= 1 + 1e-9
         assert "convolution" in operators.sort_values("share").iloc[-1]["operator"]  # a CPU step's biggest cost
     assert not (tmp_path / "idle-resnet32-b32-fp32-cpu.csv").exists()  # the GPU's idle time: CUDA only
+
+
+def test_the_pipeline_comparison_runs_at_the_precision_asked_for(tmp_path):
+    """--precision was once ignored by --measure pipeline, which then wrote fp32 epochs for a bf16 call."""
+    result = run_main("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--measure", "pipeline",
+                      "--precision", "bf16", "--pipeline-images", "64", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    pipeline = pd.read_csv(tmp_path / "pipeline-resnet32-b32-bf16-cpu.csv")
+    assert pipeline.loc[0, "precision"] == "bf16" and pipeline.loc[0, "ours_epoch_seconds"] > 0
 
 
 def test_profiles_keep_each_methods_idle_record_and_log_its_longest_gap(monkeypatch):

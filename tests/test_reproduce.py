@@ -44,10 +44,10 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "profile-resnet32",
                           "retime", "table2", "dgl"]
     assert not any(stage.done() for stage in plan.values())
-    for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-cpu.csv"):
+    for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-fp32-cpu.csv"):
         (bench / name).touch()
     assert not plan["table3"].done()  # CPU measurements do not count
-    for name in ("resnet110-b1024-fp32-nvidia-h100.csv", "pipeline-resnet32-b1024-nvidia-h100.csv"):
+    for name in ("resnet110-b1024-fp32-nvidia-h100.csv", "pipeline-resnet32-b1024-fp32-nvidia-h100.csv"):
         (bench / name).touch()
     assert plan["table3"].done()
     (bench / "profile-resnet110-b1024-fp32-cpu.csv").touch()
@@ -85,9 +85,9 @@ def test_retime_is_done_once_the_gpus_step_table_has_a_twin_timing_every_method(
     assert not retime.done()
     pd.DataFrame({"method": every}).to_csv(remeasured / name, index=False)
     assert not retime.done()
-    (remeasured / "pipeline-resnet32-b1024-cpu.csv").touch()
+    (remeasured / "pipeline-resnet32-b1024-fp32-cpu.csv").touch()
     assert not retime.done()
-    (remeasured / "pipeline-resnet32-b1024-nvidia-h100.csv").touch()
+    (remeasured / "pipeline-resnet32-b1024-fp32-nvidia-h100.csv").touch()
     assert retime.done()
 
 
