@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 from torch.autograd import DeviceType
 
-from infopro.trace import Span, gpu_idle, trace_spans
+from infopro.trace import Span, Waits, gpu_idle, trace_spans
 
 
 def test_each_gap_is_put_down_to_its_cause():
@@ -50,6 +50,15 @@ def test_zero_correlation_ids_link_nothing():
                     [Span("cudaLaunchKernel", 12, 13), Span("cudaMalloc", 21, 28)], steps=1)
     assert idle["idle_unmatched_ms_per_step"] == pytest.approx(0.005) and idle["matched_share"] == 0
     assert idle["idle_allocator_ms_per_step"] == pytest.approx(0.010)
+
+
+def test_waits_find_an_overlap_behind_a_later_shorter_call():
+    """A long call that began first still overlaps an interval after a short call has ended; touching
+    ends do not overlap."""
+    waits = Waits([Span("cudaFree", 10, 20), Span("cudaMalloc", 0, 100), Span("cudaFree", 120, 130)])
+    assert waits.overlap(50, 60) and waits.overlap(125, 200) and waits.overlap(-5, 1)
+    assert not waits.overlap(100, 120) and not waits.overlap(-10, 0) and not waits.overlap(130, 140)
+    assert not Waits([]).overlap(0, 1)
 
 
 def test_no_gpu_activity_gives_no_record_and_one_busy_interval_no_gap():
