@@ -100,7 +100,6 @@ def compare_pipelines(arch: str, images: int, batch_size: int, device: torch.dev
             else partial(reference_epoch, net, optimizer, loader, device, precision)
         run()  # warm-up epoch: autotuning, worker start-up
         seconds[name] = timed(device, run)
-    return {"arch": arch, "images": images, "batch_size": batch_size, "precision": precision, "loader_workers": workers,
-            "reference_transforms": transform_name, "ours_epoch_seconds": seconds["ours"],
-            "reference_epoch_seconds": seconds["reference"],
-            "speedup": seconds["reference"] / seconds["ours"]}
+    return {"arch": arch, "images": images, "batch_size": batch_size, "precision": precision,
+            "loader_workers": workers, "reference_transforms": transform_name, "ours_epoch_seconds": seconds["ours"],
+            "reference_epoch_seconds": seconds["reference"], "speedup": seconds["reference"] / seconds["ours"]}
