@@ -1,9 +1,8 @@
 """Where the GPU's idle time goes: the gap analysis of a profiler trace, on traces whose answer is known."""
 
-from types import SimpleNamespace
-
 import pytest
 from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 
 from infopro.trace import Span, Waits, gpu_idle, trace_spans
 
@@ -68,11 +67,12 @@ def test_no_gpu_activity_gives_no_record_and_one_busy_interval_no_gap():
 
 
 def test_trace_spans_keeps_gpu_activity_and_the_hosts_cuda_calls():
-    """A GPU user annotation spans the gaps between the kernels it encloses: left out. ATen operators
-    are the host's, but not CUDA calls; cuDNN's names do not pass for driver calls."""
+    """The profiler's own event class, as it would be filled on CUDA. A GPU user annotation spans the
+    gaps between the kernels it encloses: left out. ATen operators are the host's, but not CUDA calls;
+    cuDNN's names do not pass for driver calls."""
     def event(name, device_type, start, end, id=0, annotation=False):
-        return SimpleNamespace(name=name, device_type=device_type, time_range=SimpleNamespace(start=start, end=end),
-                               id=id, is_user_annotation=annotation)
+        return FunctionEvent(id=id, name=name, thread=0, start_us=start, end_us=end, device_type=device_type,
+                             is_user_annotation=annotation)
 
     events = [event("volta_sgemm", DeviceType.CUDA, 5, 10, 7), event("Optimizer.step#SGD.step", DeviceType.CUDA, 0, 50,
                                                                      annotation=True),
