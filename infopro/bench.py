@@ -354,7 +354,17 @@ def profile_step(method: Method, arch: str, batch_size: int, precision: str, dev
     return {"operators": [{"operator": event.key, "calls_per_step": event.count / steps,
                            "self_ms_per_step": getattr(event, self_time) / 1000 / steps,
                            "share": getattr(event, self_time) / total} for event in operators[:top]],
-            "gpu_idle": gpu_idle(*trace_spans(profiler.events()), steps)}  # {} on a CPU: no GPU activity
+            "gpu_idle": idle_or_error(profiler.events(), steps)}
+
+
+def idle_or_error(events, steps: int) -> dict:
+    """`infopro.trace.gpu_idle` of a profile's events ({} on a CPU: no GPU activity), or the error that
+    stopped it: the operators of the same profile stand without it, and a recorded failure is not
+    retried at every lease's cost."""
+    try:
+        return gpu_idle(*trace_spans(events), steps)
+    except Exception as error:  # any: the analysis is new on every trace it reads
+        return {"error": f"idle analysis: {type(error).__name__}: {error}"}
 
 
 def run_profiles(methods: list[str], arch: str, batch_size: int, precision: str, device: str, steps: int,
@@ -374,7 +384,8 @@ def run_profiles(methods: list[str], arch: str, batch_size: int, precision: str,
                                         for operator in found["operators"][:3]))
         if idle := found["gpu_idle"]:
             idle_rows.append({"method": label} | idle)
-            log(f"{'':<22} GPU idle {idle['idle_ms_per_step']:.1f} ms a step: "
+            log(f"{'':<22} error: {idle['error']}" if "error" in idle else
+                f"{'':<22} GPU idle {idle['idle_ms_per_step']:.1f} ms a step: "
                 + ", ".join(f"{cause} {idle[f'idle_{cause}_ms_per_step']:.1f}" for cause in CAUSES)
                 + f"; longest gap {idle['longest_gap_ms']:.1f} ms ({idle['longest_gap_cause'] or 'none'})")
     return rows, idle_rows

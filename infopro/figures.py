@@ -56,9 +56,11 @@ def require(path: Path, maker: str) -> Path:
     return path
 
 
-def read_result(path: Path, maker: str, columns: tuple[str, ...]) -> pd.DataFrame:
-    """A results CSV that `maker` makes: missing or unreadable, it is one line saying how to make it again."""
-    return read_table(require(path, maker), f"restore it from git, or delete it and {HOW_TO_MAKE[maker]}", columns)
+def read_result(path: Path, maker: str, columns: tuple[str, ...], rows=None) -> pd.DataFrame:
+    """A results CSV that `maker` makes (`rows`: see `read_table`): missing or unreadable, it is one
+    line saying how to make it again."""
+    return read_table(require(path, maker), f"restore it from git, or delete it and {HOW_TO_MAKE[maker]}", columns,
+                      rows)
 
 
 def load_runs(results) -> pd.DataFrame:
@@ -147,8 +149,7 @@ def with_remeasured_times(results, table: pd.DataFrame) -> pd.DataFrame:
     path = Path(results) / "bench" / "remeasured" / table["source_file"].iloc[0]
     if not path.is_file():
         return table
-    later = read_result(path, "bench", BENCH_COLUMNS + TIME_COLUMNS + ("git_commit",))
-    later = plots.measured_rows(later)
+    later = read_result(path, "bench", BENCH_COLUMNS + TIME_COLUMNS + ("git_commit",), plots.measured_rows)
     if "e2e" not in set(later["method"]):
         raise InfoProError(f"{path} holds no E2E step: a re-measurement's time ratios are against its own E2E; "
                            f"measure again with e2e among --methods")
@@ -184,8 +185,9 @@ def load_profile(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     path = Path(results) / "bench" / f"profile-{bench['source_file'].iloc[0]}"
     if not path.is_file():
         return None
-    profile = read_result(path, "bench", ("method", "self_ms_per_step", "share", "steps", "git_commit"))
-    return plots.measured_rows(profile)
+    profile = read_result(path, "bench", ("method", "self_ms_per_step", "share", "steps", "git_commit"),
+                          plots.measured_rows)
+    return None if profile.empty else profile
 
 
 def load_idle(results, bench: pd.DataFrame) -> pd.DataFrame | None:
@@ -194,7 +196,9 @@ def load_idle(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     path = Path(results) / "bench" / f"idle-{bench['source_file'].iloc[0]}"
     if not path.is_file():
         return None
-    return read_result(path, "bench", ("method", "idle_ms_per_step", "idle_dispatch_ms_per_step", "git_commit"))
+    idle = read_result(path, "bench", ("method", "idle_ms_per_step", "idle_dispatch_ms_per_step", "git_commit"),
+                       plots.measured_rows)
+    return None if idle.empty else idle
 
 
 def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:

@@ -136,17 +136,23 @@ def update_csv(path, read: Callable[[Path], pd.DataFrame],
     return table
 
 
-def read_table(path, remedy: str, columns: tuple[str, ...] = (), **options) -> pd.DataFrame:
-    """A CSV this repository wrote, as a table (`options` go to pandas).
+def read_table(path, remedy: str, columns: tuple[str, ...] = (), rows=None, **options) -> pd.DataFrame:
+    """A CSV this repository wrote, as a table (`options` go to pandas); with `rows` (table -> table),
+    only the rows its reader keeps, e.g. a benchmark's measured ones, whose failed methods' rows hold
+    nothing but their error.
 
-    An empty, garbled or cut file, or one without the `columns` its reader needs, or with a
-    blank cell in one of them, is one line naming it and `remedy`: otherwise the reader would
-    fail deep inside a figure or an analysis, or draw a garbled row.
+    An empty, garbled or cut file, or one whose kept rows lack the `columns` its reader needs, or
+    leave one of them blank, is one line naming it and `remedy`: otherwise the reader would fail
+    deep inside a figure or an analysis, or draw a garbled row. No row kept: an empty table.
     """
     try:
         table = pd.read_csv(path, **options)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
         raise DataError(f"{path} is empty, garbled or cut short ({type(error).__name__}); {remedy}") from None
+    if rows is not None:
+        table = rows(table)
+        if table.empty:
+            return table
     if missing := [column for column in columns if column not in table.columns]:
         raise DataError(f"{path} lacks the column{'s' * (len(missing) > 1)} {', '.join(missing)}; {remedy}")
     blank = table[list(columns)].isna()

@@ -9,8 +9,8 @@ import torch
 
 from conftest import run_cli, run_main
 import infopro.bench
-from infopro.bench import (Method, count_work, cuda_peak_bytes, default_methods, largest_fitting, measure,
-                           run_profiles, search_max_batches, with_ratios)
+from infopro.bench import (Method, count_work, cuda_peak_bytes, default_methods, idle_or_error, largest_fitting,
+                           measure, run_profiles, search_max_batches, with_ratios)
 from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory
 
@@ -179,14 +179,22 @@ def test_profiles_keep_each_methods_idle_record_and_log_its_longest_gap(monkeypa
     idle = {"idle_ms_per_step": 2.0, "longest_gap_ms": 1.5, "longest_gap_cause": "allocator"}
     idle |= {f"idle_{cause}_ms_per_step": 0.0 for cause in infopro.bench.CAUSES}
     operators = [{"operator": "conv", "calls_per_step": 1.0, "self_ms_per_step": 1.0, "share": 1.0}]
+    failed = {"error": "idle analysis: KeyError: 0"}
     answers = {"e2e": {"operators": operators, "gpu_idle": idle}, "greedy:2": {"operators": operators, "gpu_idle": {}},
-               "infopro:2": {"error": "out of memory"}}
+               "infopro:2": {"error": "out of memory"}, "infopro:4": {"operators": operators, "gpu_idle": failed}}
     monkeypatch.setattr(infopro.bench, "run_in_fresh_process", lambda args, timeout: answers[args[1]])
     lines = []
     rows, idle_rows = run_profiles(list(answers), "resnet32", 8, "fp32", "cuda", 1, 0, log=lines.append)
-    assert [row["method"] for row in rows] == ["e2e", "greedy:2", "infopro:2"] and rows[-1]["error"] == "out of memory"
-    assert idle_rows == [{"method": "e2e"} | idle]
-    assert "longest gap 1.5 ms (allocator)" in lines[1]
+    assert [row["method"] for row in rows] == ["e2e", "greedy:2", "infopro:2", "infopro:4"]
+    assert rows[2]["error"] == "out of memory"
+    assert idle_rows == [{"method": "e2e"} | idle, {"method": "infopro:4"} | failed]
+    assert "longest gap 1.5 ms (allocator)" in lines[1] and lines[-1].endswith("error: idle analysis: KeyError: 0")
+
+
+def test_a_failing_idle_analysis_is_recorded_not_raised():
+    """The operators of a profile stand without it; its row says what stopped it."""
+    assert idle_or_error([object()], steps=1)["error"].startswith("idle analysis: AttributeError")
+    assert idle_or_error([], steps=1) == {}  # a CPU's profile: no GPU activity, no record
 
 
 def test_bench_refuses_bad_input_in_one_line(tmp_path):

@@ -112,6 +112,35 @@ def test_table3_shows_the_gpus_idle_time_where_the_trace_was_read(tmp_path):
     assert "waiting for the host's dispatch" in caption and "at ddddddd" in caption
 
 
+def test_benchmark_csvs_with_failed_methods_still_build_table3(tmp_path):
+    """A method that failed in a later call leaves a row holding only its error: the re-measurement
+    keeps its other methods' times (the failed one keeps the full table's), the idle column shows it
+    as not read, and a profile whose every method failed is as if none had been made."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    bench = table3_bench(results).set_index("method")
+    name = bench["source_file"].iloc[0]
+    later = bench.loc[["e2e", "checkpoint"]].reset_index().assign(step_seconds=2.0, step_seconds_vs_e2e=1.0,
+                                                                    git_commit="f" * 40)
+    failed = bench.loc[["greedy:4"], ["arch", "device", "batch_size", "precision"]].reset_index()
+    (results / "bench" / "remeasured").mkdir(exist_ok=True)
+    pd.concat([later, failed.assign(error="out of memory")]).to_csv(results / "bench" / "remeasured" / name,
+                                                                     index=False)
+    pd.DataFrame({"method": ["e2e", "checkpoint"], "idle_ms_per_step": [2.0, None],
+                  "idle_dispatch_ms_per_step": [0.5, None], "git_commit": "d" * 40,
+                  "error": [None, "idle analysis: KeyError: 0"]}).to_csv(results / "bench" / f"idle-{name}",
+                                                                           index=False)
+    pd.DataFrame({"method": ["e2e"], "error": ["out of memory"]}).to_csv(results / "bench" / f"profile-{name}",
+                                                                          index=False)
+    table, caption = table3(results)
+    table = table.set_index("method")
+    assert list(table.loc[["e2e", "checkpoint"], "ours: time vs E2E"]) == ["+0.0%", "+0.0%"]
+    untouched = bench.loc["greedy:4", "step_seconds_vs_e2e"]
+    assert table.loc["greedy:4", "ours: time vs E2E"] == f"{100 * (untouched - 1):+.1f}%"
+    assert list(table.loc[["e2e", "checkpoint"], "ours: GPU idle (ms/step)"]) == ["2.0 (0.5)", "–"]
+    assert "ours: busy time vs E2E" not in table and "Busy time" not in caption
+
+
 def test_a_work_csv_without_operator_counts_shows_its_flops_and_a_dash():
     """A work CSV written before operators were counted, or cut to FLOPs by hand, was a KeyError."""
     flops_only = pd.DataFrame({"method": ["e2e", "checkpoint"], "step_flops_vs_e2e": [1.0, 1.25]})
