@@ -123,6 +123,9 @@ def remeasured_times(bench: pd.DataFrame) -> str:
     later = bench[bench["timed_at"] != bench["git_commit"]] if "timed_at" in bench else bench.iloc[:0]
     if later.empty:
         return ""
+    if len(later) == len(bench):
+        return (f"step times of every method re-measured at {commits(later['timed_at'])} (bench/remeasured/), "
+                f"against that call's E2E; memory from the step table at {commits(bench['git_commit'])}")
     return (f"step times of {', '.join(later['method'])} re-measured at {commits(later['timed_at'])} "
             f"(bench/remeasured/), each against that call's E2E; the others at {commits(bench['git_commit'])}")
 

@@ -18,7 +18,7 @@ from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis,
                              max_batch_path, memory_figure, recipe_rows, selection, table3, table3_bench)
 from infopro.plots import (fig8_linear_probes, fig_information_plane, fig_training_curves, figure_rows, layer_table,
-                           main_recipe, with_method)
+                           main_recipe, remeasured_times, with_method)
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs, training_curves
 from infopro.tables import extra_work, mean_std, schedule_check, table2, to_latex
@@ -139,6 +139,14 @@ def test_benchmark_csvs_with_failed_methods_still_build_table3(tmp_path):
     assert table.loc["greedy:4", "ours: time vs E2E"] == f"{100 * (untouched - 1):+.1f}%"
     assert list(table.loc[["e2e", "checkpoint"], "ours: GPU idle (ms/step)"]) == ["2.0 (0.5)", "–"]
     assert "ours: busy time vs E2E" not in table and "Busy time" not in caption
+
+
+def test_a_re_measurement_of_every_method_is_named_as_such():
+    """'The others' would name no method when a later call timed them all (the retime stage)."""
+    bench = pd.DataFrame({"method": ["e2e", "checkpoint"], "git_commit": "a" * 40, "timed_at": "b" * 40})
+    assert remeasured_times(bench) == ("step times of every method re-measured at bbbbbbb (bench/remeasured/), "
+                                       "against that call's E2E; memory from the step table at aaaaaaa")
+    assert "the others at aaaaaaa" in remeasured_times(bench.assign(timed_at=["b" * 40, "a" * 40]))
 
 
 def test_a_work_csv_without_operator_counts_shows_its_flops_and_a_dash():
