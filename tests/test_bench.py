@@ -175,7 +175,8 @@ def test_the_pipeline_comparison_runs_at_the_precision_asked_for(tmp_path):
 
 def test_profiles_keep_each_methods_idle_record_and_log_its_longest_gap(monkeypatch):
     """A stand-in worker: one method answers with an idle record (as on CUDA), one without (as on a
-    CPU), one fails; only the first gets an idle row, under its own label."""
+    CPU), one fails, and one's idle analysis fails: the first and the last get idle rows, under their
+    own labels."""
     idle = {"idle_ms_per_step": 2.0, "longest_gap_ms": 1.5, "longest_gap_cause": "allocator"}
     idle |= {f"idle_{cause}_ms_per_step": 0.0 for cause in infopro.bench.CAUSES}
     operators = [{"operator": "conv", "calls_per_step": 1.0, "self_ms_per_step": 1.0, "share": 1.0}]
