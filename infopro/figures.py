@@ -180,25 +180,26 @@ def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     return read_result(path, "bench", ("method", "cap_gib")) if path.is_file() else None  # max_batch: blank on error
 
 
-def load_profile(results, bench: pd.DataFrame) -> pd.DataFrame | None:
-    """The operator profile of the step table's architecture, batch, precision and device, if it was made."""
-    path = Path(results) / "bench" / f"profile-{bench['source_file'].iloc[0]}"
+def load_beside_steps(results, bench: pd.DataFrame, kind: str, columns: tuple[str, ...]) -> pd.DataFrame | None:
+    """`kind`-<the step table's name>.csv, a measurement of the step table's architecture, batch,
+    precision and device (a profile, or the GPU's idle time read from it): its measured methods, or
+    None when it was not made or no method was measured."""
+    path = Path(results) / "bench" / f"{kind}-{bench['source_file'].iloc[0]}"
     if not path.is_file():
         return None
-    profile = read_result(path, "bench", ("method", "self_ms_per_step", "share", "steps", "git_commit"),
-                          plots.measured_rows)
-    return None if profile.empty else profile
+    table = read_result(path, "bench", columns, plots.measured_rows)
+    return None if table.empty else table
+
+
+def load_profile(results, bench: pd.DataFrame) -> pd.DataFrame | None:
+    """The operator profile of the step table's methods, if it was made."""
+    return load_beside_steps(results, bench, "profile", ("method", "self_ms_per_step", "share", "steps", "git_commit"))
 
 
 def load_idle(results, bench: pd.DataFrame) -> pd.DataFrame | None:
-    """Where the GPU's idle time went in the profiled steps of the step table's architecture, batch,
-    precision and GPU (`infopro.trace`), if that was read (GPU only)."""
-    path = Path(results) / "bench" / f"idle-{bench['source_file'].iloc[0]}"
-    if not path.is_file():
-        return None
-    idle = read_result(path, "bench", ("method", "idle_ms_per_step", "idle_dispatch_ms_per_step", "git_commit"),
-                       plots.measured_rows)
-    return None if idle.empty else idle
+    """Where the GPU's idle time went in the profiled steps (`infopro.trace`), if that was read (GPU only)."""
+    return load_beside_steps(results, bench, "idle",
+                             ("method", "idle_ms_per_step", "idle_dispatch_ms_per_step", "git_commit"))
 
 
 def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:
