@@ -370,13 +370,15 @@ def idle_or_error(events, steps: int) -> dict:
 def run_profiles(methods: list[str], arch: str, batch_size: int, precision: str, device: str, steps: int,
                  warmup: int, timeout: float = 3600, log=print) -> tuple[list[dict], list[dict]]:
     """Profile each method in a fresh process: one row per method and operator, or one with its error;
-    and one row per method of where the GPU's idle time goes (none on a CPU)."""
+    and on CUDA one row per method of where the GPU's idle time goes, or its error (none on a CPU)."""
     rows, idle_rows = [], []
     for label in methods:
         found = run_in_fresh_process(worker_args(label, arch, precision, device, "--batch-size", str(batch_size),
                                                  "--steps", str(steps), "--warmup", str(warmup), "--profile"), timeout)
         if "error" in found:
             rows.append({"method": label, "error": found["error"]})
+            if device == "cuda":  # its idle CSV records the failure too, as the profile's does
+                idle_rows.append(rows[-1])
             log(f"{label:<22} error: {found['error']}")
             continue
         rows += [{"method": label} | operator for operator in found["operators"]]

@@ -174,9 +174,9 @@ def test_the_pipeline_comparison_runs_at_the_precision_asked_for(tmp_path):
 
 
 def test_profiles_keep_each_methods_idle_record_and_log_its_longest_gap(monkeypatch):
-    """A stand-in worker: one method answers with an idle record (as on CUDA), one without (as on a
-    CPU), one fails, and one's idle analysis fails: the first and the last get idle rows, under their
-    own labels."""
+    """A stand-in worker on CUDA: one method answers with an idle record, one without (no GPU
+    activity), one fails, and one's idle analysis fails: all but the second get idle rows, under their
+    own labels, so that a failure is recorded rather than profiled again at every lease."""
     idle = {"idle_ms_per_step": 2.0, "longest_gap_ms": 1.5, "longest_gap_cause": "allocator"}
     idle |= {f"idle_{cause}_ms_per_step": 0.0 for cause in infopro.bench.CAUSES}
     operators = [{"operator": "conv", "calls_per_step": 1.0, "self_ms_per_step": 1.0, "share": 1.0}]
@@ -188,7 +188,8 @@ def test_profiles_keep_each_methods_idle_record_and_log_its_longest_gap(monkeypa
     rows, idle_rows = run_profiles(list(answers), "resnet32", 8, "fp32", "cuda", 1, 0, log=lines.append)
     assert [row["method"] for row in rows] == ["e2e", "greedy:2", "infopro:2", "infopro:4"]
     assert rows[2]["error"] == "out of memory"
-    assert idle_rows == [{"method": "e2e"} | idle, {"method": "infopro:4"} | failed]
+    assert idle_rows == [{"method": "e2e"} | idle, {"method": "infopro:2", "error": "out of memory"},
+                         {"method": "infopro:4"} | failed]
     assert "longest gap 1.5 ms (allocator)" in lines[1] and lines[-1].endswith("error: idle analysis: KeyError: 0")
 
 
