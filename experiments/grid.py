@@ -28,7 +28,7 @@ from infopro.bench import device_slug, write_measurement
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS, dataset_source
 from infopro.grid import GRIDS, RunsFailed, get_grid, measure_jobs, run_grid, run_state, run_status, status_summary
-from infopro.records import check_writable, provenance
+from infopro.records import check_writable
 from infopro.train import resolve_device
 
 
@@ -92,8 +92,8 @@ def report_jobs(args, config) -> None:
     dataset_source(config.dataset, args.data_root)
     check_writable(args.bench_out)
     with tempfile.TemporaryDirectory(prefix="infopro-jobs-") as folder:
-        rows = measure_jobs(config, args.measure_jobs, folder, device.type, args.data_root)
-    context = {"grid": args.grid, "run_id": config.run_id(), "measured_epochs": 2} | provenance(device)
+        rows, trained_with = measure_jobs(config, args.measure_jobs, folder, device.type, args.data_root)
+    context = {"grid": args.grid, "run_id": config.run_id(), "measured_epochs": 2} | trained_with
     path = Path(args.bench_out) / f"grid-jobs-{args.grid}-{device_slug(device)}.csv"
     write_measurement(path, rows, context)
 

@@ -273,13 +273,15 @@ def last_line(root: Path, config: TrainConfig) -> str:
 
 
 def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "auto", data_root=None,
-                 epochs: int = 2) -> list[dict]:
+                 epochs: int = 2) -> tuple[list[dict], dict]:
     """Aggregate training images/s with N copies of `config` running at once, for each N in `counts`.
 
     One training alone leaves a large GPU partly idle (small kernels, Python between them);
     several share it until they only compete. For each N, N identical `epochs`-epoch runs
     start together and their last epochs' images/s are added up; the best N is the `--jobs`
-    to give the grid. Returns one row per N, the best marked.
+    to give the grid. Returns one row per N, the best marked, and the provenance the measuring
+    runs recorded: the numerics they trained with (cuDNN autotuning, TF32) are set by each
+    training, never by the process that starts them.
     """
     short = replace(config, epochs=epochs)
     Path(folder).mkdir(parents=True, exist_ok=True)
@@ -301,4 +303,5 @@ def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "
         speeds = [last_epoch_images_per_second(run) for run in runs]
         rows.append({"jobs": n, "images_per_second": sum(speeds), "images_per_second_per_run": sum(speeds) / n})
     best = max(rows, key=lambda row: row["images_per_second"])["jobs"]
-    return [row | {"best": row["jobs"] == best} for row in rows]
+    trained_with = read_json(Path(folder) / f"jobs{counts[0]}-run0" / "config.json")["provenance"]
+    return [row | {"best": row["jobs"] == best} for row in rows], trained_with

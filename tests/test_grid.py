@@ -86,10 +86,13 @@ def test_the_command_line_refuses_missing_data_before_any_run_and_fails_when_a_r
 
 
 def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):
-    rows = measure_jobs(CONFIGS[0], [1, 2], tmp_path, device="cpu")
+    rows, trained_with = measure_jobs(CONFIGS[0], [1, 2], tmp_path, device="cpu")
     assert [row["jobs"] for row in rows] == [1, 2] and sum(row["best"] for row in rows) == 1
     assert all(row["images_per_second"] > 0 for row in rows)
     assert rows[1]["images_per_second"] == 2 * rows[1]["images_per_second_per_run"]
+    # The provenance is the trainings' own record (only a run's has its precision), not this process's.
+    recorded = json.loads((tmp_path / "jobs1-run0" / "config.json").read_text())["provenance"]
+    assert trained_with == recorded and trained_with["precision"] == CONFIGS[0].precision
 
 
 def test_status_lists_every_run_of_the_grid(tmp_path):
