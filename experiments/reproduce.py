@@ -8,8 +8,9 @@
 Stages (infopro/reproduce.py): table3 (`experiments.bench --measure steps pipeline`), module-parallel
 (`experiments.bench_module_parallel` on the GPU), max-batch, grid-jobs, profile (`experiments.bench
 --measure profile`: which operators a ResNet-110 step's time goes to, and where the GPU's idle
-time goes, six methods), retime (every method's step time and the pipeline comparison again, into
-results/bench/remeasured/), table2 (the table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160
+time goes, six methods), profile-resnet32 (the same for ResNet-32's E2E step), retime (every
+method's step time and the pipeline comparison again, into results/bench/remeasured/, on the GPU
+whose step table it times again), table2 (the table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160
 epochs, resumed across calls) and dgl (table2-dgl-resnet32, after it). They feed Table 3,
 fig_memory, the module-parallel, max-batch, profile and idle CSVs, Table 2 and fig7; fig8 and fig10
 follow from `make probes mutual-info figures tables`. Each stage is skipped once its results exist;
@@ -24,6 +25,7 @@ an epoch against 26.9 s before; README, Training).
 import time
 from pathlib import Path
 
+from infopro.bench import device_slug
 from infopro.cli import ArgumentParser, positive, run
 from infopro.errors import InfoProError
 from infopro.records import check_writable, git_state
@@ -42,16 +44,16 @@ def main(argv=None):
                                                     "(checkpoints included) into tar parts in DIR")
     p.add_argument("--pack-mib", type=positive, default=15, metavar="MIB", help="largest part (default: 15 MiB)")
     args = p.parse_args(argv)
-    plan = stages(Path(args.results), args.data_root)
     if args.plan:
-        for stage in plan:
+        for stage in stages(Path(args.results), args.data_root):
             print(f"{'done' if stage.done() else 'to do':<6} {stage.name:<16} {stage.description}")
             for line in stage.progress():
                 print(f"{'':<23} {line}")
         return
     if args.time_budget is None:
         raise InfoProError("give --time-budget MIN (the minutes this GPU is yours), or --plan")
-    resolve_device("cuda", remedy="these stages are GPU work (`--plan` lists them, done or to do)")
+    gpu = device_slug(resolve_device("cuda", remedy="these stages are GPU work (`--plan` lists them, done or to do)"))
+    plan = stages(Path(args.results), args.data_root, gpu)
     check_code_is_named(git_state())
     if args.pack_to:  # a lease's results that cannot be packed are lost with the machine
         check_writable(args.pack_to)

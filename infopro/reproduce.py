@@ -51,16 +51,23 @@ def gpu_files(folder: Path, pattern: str) -> list[Path]:
     return [path for path in sorted(folder.glob(pattern)) if "-cpu" not in path.stem]
 
 
-def retimed(bench: Path) -> bool:
-    """Whether a GPU's ResNet-110 step table has a twin under `bench`/remeasured/ (same name, so same
-    GPU) that times every method of the default set, and the input pipeline was timed again there.
+def retimed(bench: Path, gpu: str | None = None) -> bool:
+    """Whether the ResNet-110 step table of GPU `gpu` (a device slug; None: any GPU) has a twin under
+    `bench`/remeasured/ (same name, so same GPU) that times every method of the default set, and the
+    input pipeline was timed again there on that GPU.
 
     Why: the step table and the pipeline comparison of the first lease were measured before 7fef106
     took the host copies out of a step (each made the host wait for the GPU's queue); the `retime`
     stage times them again with the current step, and Table 3 shows those times
-    (`infopro.figures.with_remeasured_times`). A call cut short leaves methods out: it runs again."""
-    twins = [bench / "remeasured" / path.name for path in gpu_files(bench, "resnet110-b1024-fp32-*.csv")]
-    return bool(gpu_files(bench / "remeasured", "pipeline-resnet32-b1024-fp32-*.csv")) and any(
+    (`infopro.figures.with_remeasured_times`). A call cut short leaves methods out: it runs again.
+    A GPU with no step table of its own has nothing to time again (its times would stand beside
+    no earlier ones of that GPU), so on it the stage counts as done and the lease goes to the grid.
+    """
+    tables = gpu_files(bench, f"resnet110-b1024-fp32-{gpu or '*'}.csv")
+    if gpu is not None and not tables:
+        return True
+    twins = [bench / "remeasured" / path.name for path in tables]
+    return bool(gpu_files(bench / "remeasured", f"pipeline-resnet32-b1024-fp32-{gpu or '*'}.csv")) and any(
         set(default_methods("resnet110"))
         <= set(read_table(twin, "delete it to time the methods again", ("method",))["method"])
         for twin in twins if twin.is_file())
@@ -75,8 +82,9 @@ def best_jobs(bench: Path) -> int:
     return int(table.loc[table["best"], "jobs"].iloc[0])
 
 
-def stages(results: Path, data_root: str | None) -> list[Stage]:
-    """The GPU stages in the order they run; `results` is the repository's results/ folder.
+def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list[Stage]:
+    """The GPU stages in the order they run; `results` is the repository's results/ folder and `gpu`
+    the device slug of the GPU they will run on (None when only planning).
 
     The commands run in the repository root, so the paths they are given are absolute.
     """
@@ -131,7 +139,7 @@ def stages(results: Path, data_root: str | None) -> list[Stage]:
               minutes=1),
         Stage("retime", "every method's step time again with the current training step, ResNet-110, batch "
                         "1024, fp32, and our input pipeline against a DataLoader (both predate 7fef106)",
-              lambda: retimed(bench),
+              lambda: retimed(bench, gpu),
               lambda left: python + ["experiments.bench", "--measure", "steps", "pipeline",
                                      "--out", str(bench / "remeasured")],
               minutes=6),  # as table3, which took 5.7 min on an H100

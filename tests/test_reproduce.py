@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from conftest import REPO, run_main
 from infopro.bench import default_methods
@@ -91,6 +92,26 @@ def test_retime_is_done_once_the_gpus_step_table_has_a_twin_timing_every_method(
     assert retime.done()
 
 
+def test_retime_on_a_gpu_times_that_gpus_own_step_table_or_nothing(tmp_path):
+    """On the GPU whose step table it re-times, only that GPU's twin and pipeline count; a GPU
+    without a step table of its own has nothing to time again, and its lease goes to the grid."""
+    bench, remeasured = tmp_path / "bench", tmp_path / "bench" / "remeasured"
+    remeasured.mkdir(parents=True)
+    (bench / "resnet110-b1024-fp32-nvidia-h100.csv").touch()
+    for gpu in ("nvidia-h100", "nvidia-h200"):
+        pd.DataFrame({"method": default_methods("resnet110")}).to_csv(
+            remeasured / f"resnet110-b1024-fp32-{gpu}.csv", index=False)
+    (remeasured / "pipeline-resnet32-b1024-fp32-nvidia-h200.csv").touch()
+
+    def retime(gpu):
+        return {stage.name: stage for stage in stages(tmp_path, None, gpu)}["retime"]
+
+    assert retime(None).done() and retime("nvidia-h200").done()  # any GPU's pipeline; H200: nothing to re-time
+    assert not retime("nvidia-h100").done()  # its pipeline is not timed again yet
+    (remeasured / "pipeline-resnet32-b1024-fp32-nvidia-h100.csv").touch()
+    assert retime("nvidia-h100").done()
+
+
 def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
     lines = result.stdout.splitlines()
@@ -125,7 +146,7 @@ def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch,
     results, parts = tmp_path / "results", tmp_path / "out"
     (results / "runs").mkdir(parents=True)
     made = python_stage("table2", f"open({str(results / 'runs' / 'r.csv')!r}, 'w').write('1')")
-    monkeypatch.setattr(reproduce, "resolve_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(reproduce, "resolve_device", lambda *args, **kwargs: torch.device("cpu"))  # stands in for the GPU
     monkeypatch.setattr(reproduce, "git_state", lambda: {"git_commit": "0123456789abcdef", "git_dirty": False})
     call = ["--time-budget", "1", "--results", str(results), "--pack-to", str(parts)]
 
