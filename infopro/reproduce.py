@@ -29,6 +29,7 @@ GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
                      "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4")
+STEP_TABLE = "resnet110-b1024-fp32-"  # the benchmark's Table 3 step table, before its device slug
 PROFILE_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro-balanced:4", "infopro:16")
 
 
@@ -51,26 +52,49 @@ def gpu_files(folder: Path, pattern: str) -> list[Path]:
     return [path for path in sorted(folder.glob(pattern)) if "-cpu" not in path.stem]
 
 
+def step_tables(bench: Path, gpu: str | None) -> list[Path]:
+    """The ResNet-110 step tables (batch 1024, fp32) that GPU `gpu` (a device slug; None: any GPU)
+    measured: what the profile and retime stages add to, each in files named after one of them."""
+    return gpu_files(bench, f"{STEP_TABLE}{gpu or '*'}.csv")
+
+
+def profiled(bench: Path, gpu: str | None = None) -> bool:
+    """Whether a step table of GPU `gpu` has its operator profile and GPU idle-time CSVs beside it.
+
+    Table 3 sets both beside the step table of the same name, so a profile is made on the GPU that
+    timed the steps; a GPU with no step table of its own has nothing to profile beside, and on it
+    the stage counts as done (the lease goes to the grid). A profile made before the idle-time
+    analysis existed lacks its idle CSV: it is made again.
+    """
+    tables = step_tables(bench, gpu)
+    if gpu is not None and not tables:
+        return True
+    return any((bench / f"profile-{table.name}").is_file() and (bench / f"idle-{table.name}").is_file()
+               for table in tables)
+
+
 def retimed(bench: Path, gpu: str | None = None) -> bool:
-    """Whether the ResNet-110 step table of GPU `gpu` (a device slug; None: any GPU) has a twin under
-    `bench`/remeasured/ (same name, so same GPU) that times every method of the default set, and the
-    input pipeline was timed again there on that GPU.
+    """Whether a step table of GPU `gpu` has a twin under `bench`/remeasured/ (same name, so same
+    GPU) that times every method of the default set, and the input pipeline was timed again there
+    on that GPU; as in `profiled`, a GPU without a step table of its own has nothing to time again.
 
     Why: the step table and the pipeline comparison of the first lease were measured before 7fef106
     took the host copies out of a step (each made the host wait for the GPU's queue); the `retime`
     stage times them again with the current step, and Table 3 shows those times
     (`infopro.figures.with_remeasured_times`). A call cut short leaves methods out: it runs again.
-    A GPU with no step table of its own has nothing to time again (its times would stand beside
-    no earlier ones of that GPU), so on it the stage counts as done and the lease goes to the grid.
     """
-    tables = gpu_files(bench, f"resnet110-b1024-fp32-{gpu or '*'}.csv")
+    tables = step_tables(bench, gpu)
     if gpu is not None and not tables:
         return True
-    twins = [bench / "remeasured" / path.name for path in tables]
-    return bool(gpu_files(bench / "remeasured", f"pipeline-resnet32-b1024-fp32-{gpu or '*'}.csv")) and any(
-        set(default_methods("resnet110"))
-        <= set(read_table(twin, "delete it to time the methods again", ("method",))["method"])
-        for twin in twins if twin.is_file())
+    return any(times_every_method(bench / "remeasured" / table.name)
+               and (bench / "remeasured" / table.name.replace(STEP_TABLE, "pipeline-resnet32-b1024-fp32-")).is_file()
+               for table in tables)
+
+
+def times_every_method(table: Path) -> bool:
+    """Whether the step table `table` exists and holds every method of the default set."""
+    return table.is_file() and set(default_methods("resnet110")) <= set(
+        read_table(table, "delete it to time the methods again", ("method",))["method"])
 
 
 def best_jobs(bench: Path) -> int:
@@ -126,8 +150,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
               minutes=4),
         Stage("profile", "the operators a step's time goes to and where the GPU's idle time goes, ResNet-110, "
                          "batch 1024: E2E, checkpointing, greedy SL, InfoPro and InfoPro* at K = 4, InfoPro at K = 16",
-              lambda: bool(gpu_files(bench, "profile-resnet110-b1024-fp32-*.csv")
-                           and gpu_files(bench, "idle-resnet110-b1024-fp32-*.csv")),
+              lambda: profiled(bench, gpu),
               lambda left: python + ["experiments.bench", "--measure", "profile", "--steps", "5",
                                      "--methods", *PROFILE_METHODS, "--out", str(bench)],
               minutes=3),

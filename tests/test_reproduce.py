@@ -92,24 +92,30 @@ def test_retime_is_done_once_the_gpus_step_table_has_a_twin_timing_every_method(
     assert retime.done()
 
 
-def test_retime_on_a_gpu_times_that_gpus_own_step_table_or_nothing(tmp_path):
-    """On the GPU whose step table it re-times, only that GPU's twin and pipeline count; a GPU
-    without a step table of its own has nothing to time again, and its lease goes to the grid."""
+def test_profile_and_retime_on_a_gpu_add_to_that_gpus_own_step_table_or_do_nothing(tmp_path):
+    """Table 3 sets the profile, the idle time and the re-measured times beside the step table of the
+    same name: on the GPU that timed it only that GPU's files count; a GPU without a step table of its
+    own has nothing to add to, and its lease goes to the grid."""
     bench, remeasured = tmp_path / "bench", tmp_path / "bench" / "remeasured"
     remeasured.mkdir(parents=True)
     (bench / "resnet110-b1024-fp32-nvidia-h100.csv").touch()
     for gpu in ("nvidia-h100", "nvidia-h200"):
         pd.DataFrame({"method": default_methods("resnet110")}).to_csv(
             remeasured / f"resnet110-b1024-fp32-{gpu}.csv", index=False)
-    (remeasured / "pipeline-resnet32-b1024-fp32-nvidia-h200.csv").touch()
+    for name in ("pipeline-resnet32-b1024-fp32-nvidia-h200.csv", "profile-resnet110-b1024-fp32-nvidia-h200.csv",
+                 "idle-resnet110-b1024-fp32-nvidia-h200.csv", "profile-resnet110-b1024-fp32-nvidia-h100.csv"):
+        (remeasured.parent if name.startswith(("profile", "idle")) else remeasured).joinpath(name).touch()
 
-    def retime(gpu):
-        return {stage.name: stage for stage in stages(tmp_path, None, gpu)}["retime"]
+    def stage(name, gpu):
+        return {stage.name: stage for stage in stages(tmp_path, None, gpu)}[name]
 
-    assert retime(None).done() and retime("nvidia-h200").done()  # any GPU's pipeline; H200: nothing to re-time
-    assert not retime("nvidia-h100").done()  # its pipeline is not timed again yet
+    assert stage("retime", "nvidia-h200").done() and stage("profile", "nvidia-h200").done()  # nothing to add to
+    for name in ("retime", "profile"):  # planning: the H200's files stand beside no step table
+        assert not stage(name, None).done()
+    assert not stage("retime", "nvidia-h100").done() and not stage("profile", "nvidia-h100").done()
     (remeasured / "pipeline-resnet32-b1024-fp32-nvidia-h100.csv").touch()
-    assert retime("nvidia-h100").done()
+    (bench / "idle-resnet110-b1024-fp32-nvidia-h100.csv").touch()
+    assert all(stage(name, gpu).done() for name in ("retime", "profile") for gpu in ("nvidia-h100", None))
 
 
 def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
