@@ -119,6 +119,9 @@ def run_state(config: TrainConfig, root: Path) -> str:
     return "missing"
 
 
+RECENT_EPOCHS = 10  # the epochs whose median sets a run's pace in the plan (`recent_pace`)
+
+
 @dataclass(frozen=True)
 class RunStatus:
     """What planning GPU time needs of one run: its state (`run_state`), a finished run's test
@@ -130,9 +133,9 @@ class RunStatus:
 
 
 def run_status(config: TrainConfig, root: Path) -> RunStatus:
-    """A finished run's final test error; an unfinished run's minutes left at the pace of its last
-    epoch; a missing run's at the median epoch of the same configuration at another seed. Every
-    pace is as measured, on whatever machine and with however many runs beside it."""
+    """A finished run's final test error; an unfinished run's minutes left at its recent pace
+    (`recent_pace`); a missing run's at the recent pace of the same configuration at another seed.
+    Every pace is as measured, on whatever machine and with however many runs beside it."""
     state, run = run_state(config, root), root / config.run_id()
     if state == "done":
         error = read_json(run / "summary.json", ("final_test_error",))["final_test_error"]
@@ -142,14 +145,25 @@ def run_status(config: TrainConfig, root: Path) -> RunStatus:
     metrics = read_metrics(run, ("epoch_seconds",))
     if metrics.empty:
         return RunStatus(state)
-    seconds = metrics["epoch_seconds"].iloc[-1]
+    seconds = recent_pace(metrics["epoch_seconds"])
     minutes = (config.epochs - len(metrics)) * seconds / 60
-    return RunStatus(state, f"about {minutes:.0f} min left at its last epoch's pace ({seconds:.1f} s)", minutes)
+    return RunStatus(state, f"about {minutes:.0f} min left at its recent pace ({seconds:.1f} s an epoch)", minutes)
+
+
+def recent_pace(epoch_seconds) -> float:
+    """Seconds per epoch to plan with: the median of the last `RECENT_EPOCHS` epochs.
+
+    Why recent: a change to the training step moves the pace from then on (7fef106 took InfoPro
+    (Contrast) K = 16 from 26.9 to 15.1 s an epoch halfway through its run). Why a median: a lease's
+    last epochs can run alone (a third of their pace beside three others) and a few epochs may run
+    on a CPU, hundreds of times slower; neither should set the plan.
+    """
+    return float(epoch_seconds.iloc[-RECENT_EPOCHS:].median())
 
 
 def missing_run_status(config: TrainConfig, root: Path) -> RunStatus:
-    """A run not yet started, timed by the other seed of its configuration that ran the most epochs
-    (their median, which a few epochs on another machine do not move)."""
+    """A run not yet started, timed by the recent pace of the other seed of its configuration that
+    ran the most epochs."""
     stem = config.run_id().rsplit("-s", 1)[0]
     others = [run for run in sorted(root.glob(f"{stem}-s*")) if run.name.rsplit("-s", 1)[0] == stem
               and run.name != config.run_id() and (run / "metrics.csv").exists()]
@@ -158,9 +172,10 @@ def missing_run_status(config: TrainConfig, root: Path) -> RunStatus:
     if not paces:
         return RunStatus("missing")
     name = max(paces, key=lambda n: len(paces[n]))
-    seconds, seed = paces[name].median(), name.rsplit("-s", 1)[1]
+    seconds, seed = recent_pace(paces[name]), name.rsplit("-s", 1)[1]
     minutes = config.epochs * seconds / 60
-    return RunStatus("missing", f"about {minutes:.0f} min at seed {seed}'s median epoch ({seconds:.1f} s)", minutes)
+    return RunStatus("missing", f"about {minutes:.0f} min at seed {seed}'s recent pace ({seconds:.1f} s an epoch)",
+                     minutes)
 
 
 def status_summary(statuses: list[RunStatus]) -> list[str]:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from conftest import REPO, assert_free, run_cli, run_main, unfinished_copy
-from infopro.grid import RunStatus, get_grid, measure_jobs, run_grid, run_state, time_left_line, train_command
+from infopro.grid import (RunStatus, get_grid, measure_jobs, run_grid, run_state, run_status, time_left_line,
+                          train_command)
 from infopro.plots import method_key
 from infopro.tables import TABLE3_METHODS, run_of_method
 from infopro.train import TrainConfig, train
@@ -109,7 +110,7 @@ def test_status_lists_every_run_of_the_grid(tmp_path):
 def test_status_gives_each_runs_error_or_time_left_and_the_time_left_in_all(tmp_path):
     """Planning a lease needs all of it: the committed K = 8 runs of seed 0, one finished, one not
     (cut back to its first 91 epochs, however far the committed grid has got); seed 1's runs are
-    timed by seed 0's median epoch, Softmax's not at all (no seed has run)."""
+    timed by seed 0's recent pace, Softmax's not at all (no seed has run)."""
     committed = REPO / "results" / "runs"
     finished, unfinished = "cifar10-jpeg-resnet32-greedy-K8-s0", "cifar10-jpeg-resnet32-infopro-contrast-K8-s0"
     shutil.copytree(committed / finished, tmp_path / finished, ignore=shutil.ignore_patterns("*.pt"))
@@ -119,22 +120,36 @@ def test_status_gives_each_runs_error_or_time_left_and_the_time_left_in_all(tmp_
     assert status.returncode == 0, status.stderr
     greedy = pd.read_csv(tmp_path / "cifar10-jpeg-resnet32-greedy-K8-s0" / "metrics.csv")["epoch_seconds"]
     contrast = pd.read_csv(tmp_path / "cifar10-jpeg-resnet32-infopro-contrast-K8-s0" / "metrics.csv")["epoch_seconds"]
-    pace, left = contrast.iloc[-1], (160 - len(contrast)) * contrast.iloc[-1] / 60
+    greedy, contrast = greedy.iloc[-10:].median(), contrast.iloc[-10:].median()  # the paces: last ten epochs
+    left = (160 - 91) * contrast / 60
     error = json.loads((tmp_path / "cifar10-jpeg-resnet32-greedy-K8-s0" / "summary.json").read_text())
-    in_all = left + 160 * greedy.median() / 60 + 160 * contrast.median() / 60
+    in_all = left + 160 * greedy / 60 + 160 * contrast / 60
     assert status.stdout.splitlines() == [
         f"done                     cifar10-jpeg-resnet32-greedy-K8-s0: {error['final_test_error']:.2f}% test error",
-        f"partial ({len(contrast)}/160 epochs)  cifar10-jpeg-resnet32-infopro-contrast-K8-s0: about "
-        f"{left:.0f} min left at its last epoch's pace ({pace:.1f} s)",
+        f"partial (91/160 epochs)  cifar10-jpeg-resnet32-infopro-contrast-K8-s0: about "
+        f"{left:.0f} min left at its recent pace ({contrast:.1f} s an epoch)",
         "missing                  cifar10-jpeg-resnet32-infopro-softmax-K8-s0",
-        f"missing                  cifar10-jpeg-resnet32-greedy-K8-s1: about {160 * greedy.median() / 60:.0f} min "
-        f"at seed 0's median epoch ({greedy.median():.1f} s)",
+        f"missing                  cifar10-jpeg-resnet32-greedy-K8-s1: about {160 * greedy / 60:.0f} min "
+        f"at seed 0's recent pace ({greedy:.1f} s an epoch)",
         f"missing                  cifar10-jpeg-resnet32-infopro-contrast-K8-s1: about "
-        f"{160 * contrast.median() / 60:.0f} min at seed 0's median epoch ({contrast.median():.1f} s)",
+        f"{160 * contrast / 60:.0f} min at seed 0's recent pace ({contrast:.1f} s an epoch)",
         "missing                  cifar10-jpeg-resnet32-infopro-softmax-K8-s1",
         "1 done, 1 partial, 4 missing",
         f"about {in_all:.0f} min of training left in 3 runs, each at the pace given; "
         "2 runs not timed (no seed of theirs has run an epoch)"]
+
+
+def test_a_runs_pace_is_its_last_ten_epochs_median(tmp_path):
+    """A change to the step halves the pace mid-run, the lease's last epoch runs alone and one epoch
+    ran on a CPU: the plan goes by the last ten epochs' median (15 s), not by the whole run's
+    median (30 s) nor by the last epoch (1 s)."""
+    config = replace(get_grid("table2-resnet32").configs(dataset="cifar10-jpeg")[0], epochs=160)
+    seconds = [30.0] * 70 + [15.0] * 8 + [700.0, 1.0]
+    run = tmp_path / config.run_id()
+    run.mkdir()
+    pd.DataFrame({"epoch": range(1, 81), "epoch_seconds": seconds}).to_csv(run / "metrics.csv", index=False)
+    assert run_status(config, tmp_path).minutes_left == 80 * 15.0 / 60
+    assert run_status(replace(config, seed=1), tmp_path).minutes_left == 160 * 15.0 / 60
 
 
 def test_the_time_left_counts_the_runs_it_can_time_and_says_how_many_it_cannot():
