@@ -9,7 +9,7 @@ Stages (infopro/reproduce.py): table3 (`experiments.bench --measure steps pipeli
 (`experiments.bench_module_parallel` on the GPU), max-batch, grid-jobs, profile (`experiments.bench
 --measure profile`: which operators a ResNet-110 step's time goes to, and where the GPU's idle
 time goes, six methods, on the GPU that timed the step table), profile-resnet32 (the same for
-ResNet-32's E2E step), retime (every method's step time and the pipeline comparison again, into
+ResNet-32's E2E step, on the GPU that timed the pipeline comparison), retime (every method's step time and the pipeline comparison again, into
 results/bench/remeasured/, on that GPU too), table2 (the table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160
 epochs, resumed across calls) and dgl (table2-dgl-resnet32, after it). They feed Table 3,
 fig_memory, the module-parallel, max-batch, profile and idle CSVs, Table 2 and fig7; fig8 and fig10

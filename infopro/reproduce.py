@@ -30,6 +30,7 @@ DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, whi
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
                      "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4")
 STEP_TABLE = "resnet110-b1024-fp32-"  # the benchmark's Table 3 step table, before its device slug
+PIPELINE = "pipeline-resnet32-b1024-fp32-"  # the input-pipeline comparison (a ResNet-32 epoch), likewise
 PROFILE_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro-balanced:4", "infopro:16")
 
 
@@ -52,43 +53,40 @@ def gpu_files(folder: Path, pattern: str) -> list[Path]:
     return [path for path in sorted(folder.glob(pattern)) if "-cpu" not in path.stem]
 
 
-def step_tables(bench: Path, gpu: str | None) -> list[Path]:
-    """The ResNet-110 step tables (batch 1024, fp32) that GPU `gpu` (a device slug; None: any GPU)
-    measured: what the profile and retime stages add to, each in files named after one of them."""
-    return gpu_files(bench, f"{STEP_TABLE}{gpu or '*'}.csv")
+def adds_to(bench: Path, measured: str, gpu: str | None, made: Callable[[str], bool]) -> bool:
+    """Whether what a stage adds to the file `measured<slug>.csv` under `bench` exists (`made(slug)`)
+    for the GPU `gpu` (a device slug; None, when planning: for any GPU that measured one).
+
+    Why: Table 3 and the README set a profile, the idle time and a re-measurement beside the
+    measurement of the same GPU, found by name. A GPU that measured no such file has nothing to
+    add to, and on it the stage counts as done: its lease goes to the grid, instead of to files
+    that would stand beside nothing (and make the stage look done for the GPU that needs them).
+    """
+    slugs = [path.stem.removeprefix(measured) for path in gpu_files(bench, f"{measured}{gpu or '*'}.csv")]
+    if gpu is not None and not slugs:
+        return True
+    return any(made(slug) for slug in slugs)
 
 
 def profiled(bench: Path, gpu: str | None = None) -> bool:
-    """Whether a step table of GPU `gpu` has its operator profile and GPU idle-time CSVs beside it.
-
-    Table 3 sets both beside the step table of the same name, so a profile is made on the GPU that
-    timed the steps; a GPU with no step table of its own has nothing to profile beside, and on it
-    the stage counts as done (the lease goes to the grid). A profile made before the idle-time
-    analysis existed lacks its idle CSV: it is made again.
-    """
-    tables = step_tables(bench, gpu)
-    if gpu is not None and not tables:
-        return True
-    return any((bench / f"profile-{table.name}").is_file() and (bench / f"idle-{table.name}").is_file()
-               for table in tables)
+    """Whether the step table of `gpu` (`adds_to`) has its operator profile and GPU idle-time CSVs
+    beside it; a profile made before the idle-time analysis existed lacks the latter: made again."""
+    return adds_to(bench, STEP_TABLE, gpu, lambda slug: all(
+        (bench / f"{kind}-{STEP_TABLE}{slug}.csv").is_file() for kind in ("profile", "idle")))
 
 
 def retimed(bench: Path, gpu: str | None = None) -> bool:
-    """Whether a step table of GPU `gpu` has a twin under `bench`/remeasured/ (same name, so same
-    GPU) that times every method of the default set, and the input pipeline was timed again there
-    on that GPU; as in `profiled`, a GPU without a step table of its own has nothing to time again.
+    """Whether the step table of `gpu` (`adds_to`) has a twin under `bench`/remeasured/ (same name)
+    that times every method of the default set, beside the input pipeline timed again there.
 
     Why: the step table and the pipeline comparison of the first lease were measured before 7fef106
     took the host copies out of a step (each made the host wait for the GPU's queue); the `retime`
     stage times them again with the current step, and Table 3 shows those times
     (`infopro.figures.with_remeasured_times`). A call cut short leaves methods out: it runs again.
     """
-    tables = step_tables(bench, gpu)
-    if gpu is not None and not tables:
-        return True
-    return any(times_every_method(bench / "remeasured" / table.name)
-               and (bench / "remeasured" / table.name.replace(STEP_TABLE, "pipeline-resnet32-b1024-fp32-")).is_file()
-               for table in tables)
+    remeasured = bench / "remeasured"
+    return adds_to(bench, STEP_TABLE, gpu, lambda slug: times_every_method(remeasured / f"{STEP_TABLE}{slug}.csv")
+                   and (remeasured / f"{PIPELINE}{slug}.csv").is_file())
 
 
 def times_every_method(table: Path) -> bool:
@@ -129,8 +127,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
     return [
         Stage("table3", "every method's step time and memory, ResNet-110, batch 1024, fp32; our input "
                         "pipeline against a DataLoader",
-              lambda: bool(gpu_files(bench, "resnet110-b1024-fp32-*.csv")
-                           and gpu_files(bench, "pipeline-resnet32-b1024-fp32-*.csv")),
+              lambda: bool(gpu_files(bench, f"{STEP_TABLE}*.csv") and gpu_files(bench, f"{PIPELINE}*.csv")),
               lambda left: python + ["experiments.bench", "--measure", "steps", "pipeline", "--out", str(bench)],
               minutes=8),
         Stage("module-parallel", "images/s of one rank per module against the synchronous trainer, K = 2, 4",
@@ -156,7 +153,8 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
               minutes=3),
         Stage("profile-resnet32", "where a ResNet-32 E2E step's time goes, batch 1024 (the goal of an epoch in "
                                   "0.5 s): its operators and the GPU's idle time",
-              lambda: bool(gpu_files(bench, "idle-resnet32-b1024-fp32-*.csv")),
+              lambda: adds_to(bench, PIPELINE, gpu,
+                              lambda slug: (bench / f"idle-resnet32-b1024-fp32-{slug}.csv").is_file()),
               lambda left: python + ["experiments.bench", "--arch", "resnet32", "--measure", "profile", "--steps", "5",
                                      "--methods", "e2e", "--out", str(bench)],
               minutes=1),

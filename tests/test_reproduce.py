@@ -92,13 +92,16 @@ def test_retime_is_done_once_the_gpus_step_table_has_a_twin_timing_every_method(
     assert retime.done()
 
 
-def test_profile_and_retime_on_a_gpu_add_to_that_gpus_own_step_table_or_do_nothing(tmp_path):
+def test_profiles_and_retime_on_a_gpu_add_to_that_gpus_own_measurements_or_do_nothing(tmp_path):
     """Table 3 sets the profile, the idle time and the re-measured times beside the step table of the
-    same name: on the GPU that timed it only that GPU's files count; a GPU without a step table of its
-    own has nothing to add to, and its lease goes to the grid."""
+    same name, and ResNet-32's profile explains the pipeline comparison's epoch of the same GPU: only
+    that GPU's files count; a GPU that measured neither has nothing to add to, and its lease goes to
+    the grid."""
     bench, remeasured = tmp_path / "bench", tmp_path / "bench" / "remeasured"
     remeasured.mkdir(parents=True)
-    (bench / "resnet110-b1024-fp32-nvidia-h100.csv").touch()
+    for name in ("resnet110-b1024-fp32-nvidia-h100.csv", "pipeline-resnet32-b1024-fp32-nvidia-h100.csv",
+                 "idle-resnet32-b1024-fp32-nvidia-h200.csv"):
+        (bench / name).touch()
     for gpu in ("nvidia-h100", "nvidia-h200"):
         pd.DataFrame({"method": default_methods("resnet110")}).to_csv(
             remeasured / f"resnet110-b1024-fp32-{gpu}.csv", index=False)
@@ -109,13 +112,14 @@ def test_profile_and_retime_on_a_gpu_add_to_that_gpus_own_step_table_or_do_nothi
     def stage(name, gpu):
         return {stage.name: stage for stage in stages(tmp_path, None, gpu)}[name]
 
-    assert stage("retime", "nvidia-h200").done() and stage("profile", "nvidia-h200").done()  # nothing to add to
-    for name in ("retime", "profile"):  # planning: the H200's files stand beside no step table
-        assert not stage(name, None).done()
-    assert not stage("retime", "nvidia-h100").done() and not stage("profile", "nvidia-h100").done()
+    stages_adding = ("retime", "profile", "profile-resnet32")
+    assert all(stage(name, "nvidia-h200").done() for name in stages_adding)  # nothing to add to
+    for name in stages_adding:  # planning: the H200's files stand beside nothing it measured
+        assert not stage(name, None).done() and not stage(name, "nvidia-h100").done()
     (remeasured / "pipeline-resnet32-b1024-fp32-nvidia-h100.csv").touch()
     (bench / "idle-resnet110-b1024-fp32-nvidia-h100.csv").touch()
-    assert all(stage(name, gpu).done() for name in ("retime", "profile") for gpu in ("nvidia-h100", None))
+    (bench / "idle-resnet32-b1024-fp32-nvidia-h100.csv").touch()
+    assert all(stage(name, gpu).done() for name in stages_adding for gpu in ("nvidia-h100", None))
 
 
 def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
