@@ -9,17 +9,18 @@ Stages (infopro/reproduce.py): table3 (`experiments.bench --measure steps pipeli
 (`experiments.bench_module_parallel` on the GPU), max-batch, grid-jobs, profile (`experiments.bench
 --measure profile`: which operators a ResNet-110 step's time goes to, and where the GPU's idle
 time goes, six methods, on the GPU that timed the step table), profile-resnet32 (the same for
-ResNet-32's E2E step, on the GPU that timed the pipeline comparison), retime (every method's step time and the pipeline comparison again, into
-results/bench/remeasured/, on that GPU too), table2 (the table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160
-epochs, resumed across calls) and dgl (table2-dgl-resnet32, after it). They feed Table 3,
-fig_memory, the module-parallel, max-batch, profile and idle CSVs, Table 2 and fig7; fig8 and fig10
-follow from `make probes mutual-info figures tables`. Each stage is skipped once its results exist;
-a failing stage is reported and the next one runs. GPU time on one H100 (results/bench/logs/):
-table3 5.7 min, module-parallel 2.4, max-batch 8.5, grid-jobs 1.6, profile 2.2; a 160-epoch grid
-run, four at a time, 9 to 13 min for E2E, greedy SL and InfoPro K = 2, 17 and 30 min for InfoPro
-(Contrast) K = 4 and 8, 13, 19 and 33 min for InfoPro (Softmax) K = 4, 8 and 16, and for InfoPro
-(Contrast) K = 16 about 40 min at its pace after 7fef106 removed the per-step host copies (15.1 s
-an epoch against 26.9 s before; README, Training).
+ResNet-32's E2E step, on the GPU that timed the pipeline comparison), retime (every method's step
+time and the pipeline comparison again, into results/bench/remeasured/, on that GPU too), table2
+(the table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160 epochs, resumed across calls) and
+dgl (table2-dgl-resnet32, after it). They feed Table 3, fig_memory, the module-parallel, max-batch,
+profile and idle CSVs, Table 2 and fig7; fig8 and fig10 follow from `make probes mutual-info
+figures tables`. Each stage is skipped once its results exist; a failing stage is reported and the
+next one runs. GPU time on one H100 (results/bench/logs/): table3 5.7 min, module-parallel 2.4,
+max-batch 8.5, grid-jobs 1.6, profile 2.2; a 160-epoch grid run, four at a time, 9 to 13 min for
+E2E, greedy SL and InfoPro K = 2, 17 and 30 min for InfoPro (Contrast) K = 4 and 8, 13, 19 and 33
+min for InfoPro (Softmax) K = 4, 8 and 16, and for InfoPro (Contrast) K = 16 about 40 min at its
+pace after 7fef106 removed the per-step host copies (15.1 s an epoch against 26.9 s before; README,
+Training).
 """
 
 import time
