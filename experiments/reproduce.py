@@ -58,13 +58,14 @@ def main(argv=None):
     check_code_is_named(git_state())
     if args.pack_to:  # a lease's results that cannot be packed are lost with the machine
         check_writable(args.pack_to)
-    began = time.time()
-    failed = run_stages(plan, args.time_budget)
-    if args.pack_to:  # first: what this call made must come home even if what follows fails
-        results = Path(args.results).resolve()
-        for part in pack(results_since(results, began), results.parent, Path(args.pack_to),
-                         int(args.pack_mib * 2**20)):
-            print(f"packed {part}")
+    began, results = time.time(), Path(args.results).resolve()
+
+    def pack_what_this_call_made():
+        """Each stage's results come home even if a later stage is killed with the call."""
+        parts = pack(results_since(results, began), results.parent, Path(args.pack_to), int(args.pack_mib * 2**20))
+        print(f"packed {len(parts)} part{'s' * (len(parts) != 1)} into {args.pack_to}", flush=True)
+
+    failed = run_stages(plan, args.time_budget, after=pack_what_this_call_made if args.pack_to else lambda: None)
     for stage in plan:
         for line in stage.progress():
             print(f"[{stage.name}] {line}")

@@ -180,11 +180,12 @@ def check_code_is_named(state: dict) -> None:
                            "the results name their code")
 
 
-def run_stages(plan: list[Stage], minutes: float, log=print) -> list[str]:
+def run_stages(plan: list[Stage], minutes: float, log=print, after=lambda: None) -> list[str]:
     """Run each unfinished stage in order while time is left; returns the names of those that failed.
 
     A stage that fails is reported and the next one starts: one broken measurement must not
-    cost the rest of a lease.
+    cost the rest of a lease. `after()` runs once each stage that ran has ended (a call packs its
+    results there, so that a call killed in a later stage still brings back the earlier ones).
     """
     deadline = time.monotonic() + 60 * minutes
     failed = []
@@ -202,6 +203,7 @@ def run_stages(plan: list[Stage], minutes: float, log=print) -> list[str]:
                 f"{(time.monotonic() - began) / 60:.1f} min")
             if not ok:
                 failed.append(stage.name)
+            after()
     return failed
 
 
@@ -231,7 +233,12 @@ def pack(files: list[Path], root: Path, out: Path, max_bytes: int) -> list[Path]
     come back from a call. A call that packs its own results loses nothing when the machine is gone
     before the next one, and checkpoints of partial runs travel in parts small enough to come back.
     A file larger than `max_bytes` goes alone into its own part, which is then the only one over it.
+    Parts of an earlier packing in `out` are removed first: packed again after every stage, a
+    call's files may fill fewer parts than before (a checkpoint rewritten smaller), and a part
+    left over would put older copies back.
     """
+    for stale in out.glob("results-*.tar"):
+        stale.unlink()
     groups: list[list[Path]] = []
     for path in files:
         if groups and tar_bytes([p.stat().st_size for p in groups[-1] + [path]]) <= max_bytes:

@@ -162,7 +162,7 @@ def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch,
 
     monkeypatch.setattr(reproduce, "stages", lambda *args: [replace(made, progress=lambda: ["1 done"])])
     reproduce.main(call)
-    assert capsys.readouterr().out.splitlines()[-2:] == [f"packed {parts / 'results-1.tar'}", "[table2] 1 done"]
+    assert capsys.readouterr().out.splitlines()[-2:] == [f"packed 1 part into {parts}", "[table2] 1 done"]
 
     def unreadable():
         raise InfoProError("unreadable")
@@ -179,6 +179,30 @@ def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch,
     with pytest.raises(InfoProError, match="cannot write results in .*a-file"):
         reproduce.main([*call[:-1], str(tmp_path / "a-file" / "out")])
     assert "table2" not in capsys.readouterr().out
+
+
+def test_each_stage_is_packed_before_the_next_starts(tmp_path, monkeypatch):
+    """A call killed in a later stage (at the machine's time limit) must still bring back the earlier
+    stages' results: the second stage finds the first one's file packed, and the second's joins it
+    in a fresh packing, which leaves no part of the first behind."""
+    import experiments.reproduce as reproduce
+    results, parts = tmp_path / "results", tmp_path / "out"
+    (results / "bench").mkdir(parents=True)
+    first = results / "bench" / "first.csv"
+    check = (f"import tarfile; names = tarfile.open({str(parts / 'results-1.tar')!r}).getnames(); "
+             f"assert names == ['results/bench/first.csv'], names; "
+             f"open({str(results / 'bench' / 'second.csv')!r}, 'w').write('2')")
+    monkeypatch.setattr(reproduce, "stages", lambda *args: [
+        python_stage("profile", f"open({str(first)!r}, 'w').write('x' * 3000)"), python_stage("retime", check)])
+    monkeypatch.setattr(reproduce, "resolve_device", lambda *args, **kwargs: torch.device("cpu"))  # stands in for the GPU
+    monkeypatch.setattr(reproduce, "git_state", lambda: {"git_commit": "0123456789abcdef", "git_dirty": False})
+    reproduce.main(["--time-budget", "1", "--results", str(results), "--pack-to", str(parts), "--pack-mib", "0.004"])
+    assert sorted(path.name for path in parts.iterdir()) == ["results-1.tar", "results-2.tar"]
+    packed = [tarfile.open(part).getnames() for part in sorted(parts.iterdir())]
+    assert packed == [["results/bench/first.csv"], ["results/bench/second.csv"]]
+    first.write_text("")  # packed again smaller, into one part: the second part of before must go
+    pack([first], tmp_path, parts, max_bytes=4096)
+    assert [path.name for path in parts.iterdir()] == ["results-1.tar"]
 
 
 def test_every_stage_command_is_accepted_by_its_entry_point_with_absolute_paths(tmp_path, monkeypatch):
