@@ -100,14 +100,13 @@ def test_profiles_and_retime_on_a_gpu_add_to_that_gpus_own_measurements_or_do_no
     bench, remeasured = tmp_path / "bench", tmp_path / "bench" / "remeasured"
     remeasured.mkdir(parents=True)
     for name in ("resnet110-b1024-fp32-nvidia-h100.csv", "pipeline-resnet32-b1024-fp32-nvidia-h100.csv",
-                 "idle-resnet32-b1024-fp32-nvidia-h200.csv"):
+                 "profile-resnet110-b1024-fp32-nvidia-h100.csv", "profile-resnet110-b1024-fp32-nvidia-h200.csv",
+                 "idle-resnet110-b1024-fp32-nvidia-h200.csv", "idle-resnet32-b1024-fp32-nvidia-h200.csv"):
         (bench / name).touch()
     for gpu in ("nvidia-h100", "nvidia-h200"):
         pd.DataFrame({"method": default_methods("resnet110")}).to_csv(
             remeasured / f"resnet110-b1024-fp32-{gpu}.csv", index=False)
-    for name in ("pipeline-resnet32-b1024-fp32-nvidia-h200.csv", "profile-resnet110-b1024-fp32-nvidia-h200.csv",
-                 "idle-resnet110-b1024-fp32-nvidia-h200.csv", "profile-resnet110-b1024-fp32-nvidia-h100.csv"):
-        (remeasured.parent if name.startswith(("profile", "idle")) else remeasured).joinpath(name).touch()
+    (remeasured / "pipeline-resnet32-b1024-fp32-nvidia-h200.csv").touch()
 
     def stage(name, gpu):
         return {stage.name: stage for stage in stages(tmp_path, None, gpu)}[name]
@@ -150,14 +149,19 @@ def test_the_plan_says_what_the_grid_status_says_is_left_of_the_committed_grid()
         assert [line.strip() for line in lines[first + 1:][:2]] == status.stdout.splitlines()[-2:]
 
 
+def stand_in_gpu(monkeypatch, reproduce) -> None:
+    """Let `experiments.reproduce` run its stages here: the CPU stands in for the GPU, a commit for git."""
+    monkeypatch.setattr(reproduce, "resolve_device", lambda *args, **kwargs: torch.device("cpu"))
+    monkeypatch.setattr(reproduce, "git_state", lambda: {"git_commit": "0123456789abcdef", "git_dirty": False})
+
+
 def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch, capsys):
     """The totals come last: a lease's results must be packed even when they cannot be read back."""
     import experiments.reproduce as reproduce
     results, parts = tmp_path / "results", tmp_path / "out"
     (results / "runs").mkdir(parents=True)
     made = python_stage("table2", f"open({str(results / 'runs' / 'r.csv')!r}, 'w').write('1')")
-    monkeypatch.setattr(reproduce, "resolve_device", lambda *args, **kwargs: torch.device("cpu"))  # stands in for the GPU
-    monkeypatch.setattr(reproduce, "git_state", lambda: {"git_commit": "0123456789abcdef", "git_dirty": False})
+    stand_in_gpu(monkeypatch, reproduce)
     call = ["--time-budget", "1", "--results", str(results), "--pack-to", str(parts)]
 
     monkeypatch.setattr(reproduce, "stages", lambda *args: [replace(made, progress=lambda: ["1 done"])])
@@ -194,11 +198,13 @@ def test_each_stage_is_packed_before_the_next_starts(tmp_path, monkeypatch):
              f"open({str(results / 'bench' / 'second.csv')!r}, 'w').write('2')")
     monkeypatch.setattr(reproduce, "stages", lambda *args: [
         python_stage("profile", f"open({str(first)!r}, 'w').write('x' * 3000)"), python_stage("retime", check)])
-    monkeypatch.setattr(reproduce, "resolve_device", lambda *args, **kwargs: torch.device("cpu"))  # stands in for the GPU
-    monkeypatch.setattr(reproduce, "git_state", lambda: {"git_commit": "0123456789abcdef", "git_dirty": False})
+    stand_in_gpu(monkeypatch, reproduce)
     reproduce.main(["--time-budget", "1", "--results", str(results), "--pack-to", str(parts), "--pack-mib", "0.004"])
-    assert sorted(path.name for path in parts.iterdir()) == ["results-1.tar", "results-2.tar"]
-    packed = [tarfile.open(part).getnames() for part in sorted(parts.iterdir())]
+    assert sorted(path.name for path in parts.iterdir()) == ["results-1.tar", "results-2.tar"]  # a file a part
+    packed = []
+    for part in sorted(parts.iterdir()):
+        with tarfile.open(part) as tar:
+            packed.append(tar.getnames())
     assert packed == [["results/bench/first.csv"], ["results/bench/second.csv"]]
     first.write_text("")  # packed again smaller, into one part: the second part of before must go
     pack([first], tmp_path, parts, max_bytes=4096)
