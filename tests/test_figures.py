@@ -34,6 +34,16 @@ def results_copy(tmp_path_factory):
     return copy
 
 
+def results_before_the_profile(tmp_path):
+    """The committed results without model weights and without the GPU's re-measured step times,
+    profile and idle analysis, which the tests below replace by stand-ins: what a lease commits of
+    those must not decide what the tests expect."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs", "remeasured", "profile-*",
+                                                                    "idle-*"))
+    return results
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_target_builds_from_the_committed_results(target, results_copy):
     paths = build(target, results_copy)
@@ -70,8 +80,7 @@ def test_table3_takes_re_measured_times_against_their_own_e2e_and_the_profiled_b
     """Stand-in CSVs: a later call timed E2E and checkpointing again (E2E slower in it, so a ratio
     against the first call's E2E would differ), and a profile of two methods, each operator's share
     being of all its method's operators."""
-    results = tmp_path / "results"
-    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    results = results_before_the_profile(tmp_path)
     bench = table3_bench(results).set_index("method")
     name = bench["source_file"].iloc[0]
     later = bench.loc[["e2e", "checkpoint"]].reset_index().assign(
@@ -98,8 +107,7 @@ def test_table3_takes_re_measured_times_against_their_own_e2e_and_the_profiled_b
 def test_table3_shows_the_gpus_idle_time_where_the_trace_was_read(tmp_path):
     """A stand-in idle CSV of two methods: each gets its idle time and, in brackets, its dispatch
     share; a method not profiled gets a dash, and the caption names the commit."""
-    results = tmp_path / "results"
-    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    results = results_before_the_profile(tmp_path)
     name = table3_bench(results)["source_file"].iloc[0]
     _, caption = table3(results)
     assert "GPU idle" not in caption
@@ -116,8 +124,7 @@ def test_benchmark_csvs_with_failed_methods_still_build_table3(tmp_path):
     """A method that failed in a later call leaves a row holding only its error: the re-measurement
     keeps its other methods' times (the failed one keeps the full table's), the idle column shows it
     as not read, and a profile whose every method failed is as if none had been made."""
-    results = tmp_path / "results"
-    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    results = results_before_the_profile(tmp_path)
     bench = table3_bench(results).set_index("method")
     name = bench["source_file"].iloc[0]
     later = bench.loc[["e2e", "checkpoint"]].reset_index().assign(step_seconds=2.0, step_seconds_vs_e2e=1.0,
