@@ -16,11 +16,11 @@ dgl (table2-dgl-resnet32, after it). They feed Table 3, fig_memory, the module-p
 profile and idle CSVs, Table 2 and fig7; fig8 and fig10 follow from `make probes mutual-info
 figures tables`. Each stage is skipped once its results exist; a failing stage is reported and the
 next one runs. GPU time on one H100 (results/bench/logs/): table3 5.7 min, module-parallel 2.4,
-max-batch 8.5, grid-jobs 1.6, profile 2.2; a 160-epoch grid run, four at a time, 9 to 13 min for
-E2E, greedy SL and InfoPro K = 2, 17 and 30 min for InfoPro (Contrast) K = 4 and 8, 13, 19 and 33
-min for InfoPro (Softmax) K = 4, 8 and 16, and for InfoPro (Contrast) K = 16 about 40 min at its
-pace after 7fef106 removed the per-step host copies (15.1 s an epoch against 26.9 s before; README,
-Training).
+max-batch 8.5, grid-jobs 1.6, profile 2.2 to 2.4, profile-resnet32 0.3, retime 5.6; a 160-epoch grid
+run, four at a time, 9 to 13 min for E2E, greedy SL and InfoPro K = 2, 17 and 30 min for InfoPro
+(Contrast) K = 4 and 8, 13, 19 and 38 min for InfoPro (Softmax) K = 4, 8 and 16, and for InfoPro
+(Contrast) K = 16 about 40 min at its pace after 7fef106 removed the per-step host copies (15.1 s an
+epoch against 26.9 s before; README, Training).
 """
 
 import time
