@@ -29,7 +29,10 @@ RECIPE ?=
 ARCH ?=
 FIGURES = fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule
 TABLES = table2 table3 table_schedule table_paired table_e2e_gap
-BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)") $(if $(ARCH),--arch $(ARCH))
+# ESTIMATOR (fig10, fig_info_plane): remainder (the paper's units; default where it has rows) or 1c2f, as <target>-<ESTIMATOR>.
+ESTIMATOR ?=
+BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)") $(if $(ARCH),--arch $(ARCH)) \
+        $(if $(ESTIMATOR),--estimator $(ESTIMATOR))
 # Importing torch, pandas and matplotlib costs seconds per process, so figures and tables named together
 # (`make fig7 fig8 table2`) are built in one process, by one of them; one a rule depends on is built alone.
 GOALS = $(sort $(filter $(FIGURES) $(TABLES),$(MAKECMDGOALS)))

@@ -17,7 +17,7 @@ Each takes a few seconds on a CPU.
 """
 
 from infopro.cli import ArgumentParser, run
-from infopro.figures import TARGETS, build
+from infopro.figures import ESTIMATORS, TARGETS, build
 from infopro.models import ARCHS
 
 
@@ -31,9 +31,12 @@ def main(argv=None):
     p.add_argument("--arch", choices=ARCHS,
                    help="fig7, fig8, fig10, fig_info_plane, fig_curves, table2: show this network's runs instead of those of the "
                         "one covering the most configurations, as <target>-<ARCH>")
+    p.add_argument("--estimator", choices=ESTIMATORS,
+                   help="fig10, fig_info_plane: draw this estimator of I(h,x), I(h,y) (default: remainder where it has "
+                        "rows, else 1c2f), as <target>-<ESTIMATOR>")
     args = p.parse_args(argv)
     for target in args.targets:
-        for path in build(target, args.results, args.recipe, args.arch):
+        for path in build(target, args.results, args.recipe, args.arch, args.estimator):
             print(f"wrote {path}")
 
 

@@ -1,5 +1,10 @@
 """Per-layer analyses of finished runs (linear probes, I(h,x) and I(h,y)) into result CSVs.
 
+I(h,x) and I(h,y) come from two estimators, told apart by the `estimator` column of
+mutual_information.csv: `remainder` (infopro/remainder.py: the paper's units, a fresh copy of
+the rest of the network on the frozen h) and `1c2f` (infopro/mi.py: usable information to a
+small head).
+
 Each analysed run adds one row per layer point, carrying the run's description (regime,
 K, seed, recipe, the commit that trained it), whether the layer ends a local module, the
 analysis settings, and the commit and device of the analysis itself. The CSV is rewritten
@@ -7,6 +12,7 @@ atomically after every run, and runs already analysed with the same settings are
 so an interrupted `make probes` loses nothing and a re-run only does what is missing.
 """
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -17,6 +23,7 @@ from infopro.errors import InfoProError
 from infopro.mi import EstimatorSettings, information_about_x, information_about_y
 from infopro.probes import DEFAULT_L2, check_l2, check_pool, extract_features, frozen, probe_layers
 from infopro.records import check_writable, device_name, git_state, read_table, update_csv
+from infopro.remainder import RemainderSettings, ceiling_within, estimate, place
 from infopro.runs import Run
 from infopro.splits import num_layer_points
 
@@ -39,7 +46,12 @@ def probe_settings(run: Run, pool="gap", l2=DEFAULT_L2, train_subset=None, test_
 
 
 def mutual_info_settings(run: Run, settings=EstimatorSettings(), train_subset=None, test_subset=None) -> dict:
-    return settings.as_columns() | image_counts(run, train_subset, test_subset, "mi")
+    return {"estimator": "1c2f"} | settings.as_columns() | image_counts(run, train_subset, test_subset, "mi")
+
+
+def remainder_settings(run: Run, settings=RemainderSettings()) -> dict:
+    """The remainder estimator always uses the run's whole train and test splits."""
+    return {"estimator": "remainder"} | settings.as_columns() | image_counts(run, None, None, "mi")
 
 
 def layer_rows(run: Run, results: list[dict], settings: dict, device: torch.device) -> list[dict]:
@@ -84,6 +96,87 @@ def mutual_info_run(run: Run, layers, *, settings=EstimatorSettings(), train_sub
             results.append(result)
             log(f"  layer {layer:>2}: I(h,x) {result['ixx_normalised']:.3f}  I(h,y) {result['ixy_normalised']:.3f}")
     return layer_rows(run, results, columns, device)
+
+
+def remainder_run(run: Run, layers, *, settings=RemainderSettings(), device=torch.device("cpu"), data_root=None,
+                  log=print) -> list[dict]:
+    """I(h,y) and I(h,x) in the paper's units at each layer point, every point trained in one pass."""
+    columns = remainder_settings(run, settings)
+    train, test = run_splits(run, None, None, device, data_root)
+    backbone = place(run.load_net(device).backbone, device)
+    return layer_rows(run, estimate(backbone, train, test, layers, settings, log), columns, device)
+
+
+def ceiling_run(run: Run, settings=RemainderSettings(), device=torch.device("cpu"), data_root=None,
+                log=print) -> dict:
+    """The ceiling of `settings`' budget (the run's architecture trained from the image itself on the run's
+    data) beside the run's own test accuracy, as one row of remainder_ceiling.csv."""
+    train, test = run_splits(run, None, None, device, data_root)
+    backbone = run.load_net(device).backbone  # only its architecture is used at point 0
+    ceiling = estimate(backbone, train, test, [0], settings, log)[0]
+    network = 1 - run.summary["final_test_error"] / 100
+    return (run.row() | remainder_settings(run, settings) | ceiling | {"network_accuracy": network,
+            "within_2_points": ceiling_within(ceiling["ixy_paper"], network)} | analysis_provenance(device))
+
+
+def read_ceilings(path) -> pd.DataFrame:
+    return read_table(path, "restore it from git, or delete it to measure the ceilings again",
+                      ("run_id", "rem_epochs", "ixy_paper", "network_accuracy", "within_2_points"))
+
+
+def same_budget_but_epochs(table: pd.DataFrame, settings: RemainderSettings) -> pd.DataFrame:
+    """The ceiling rows whose remainder settings equal `settings` in all but the epochs."""
+    mask = pd.Series(True, index=table.index)
+    for key, value in settings.as_columns().items():
+        if key != "rem_epochs":
+            mask &= table[key].astype(str) == str(value)
+    return table[mask]
+
+
+def measure_ceilings(run: Run, candidates: list[int], csv_path, settings=RemainderSettings(),
+                     device=torch.device("cpu"), data_root=None, log=print) -> int | None:
+    """Train the ceiling at each candidate number of epochs, shortest first, until one comes within
+    2 points of `run`'s own test accuracy; each row is written as soon as it is measured, and rows
+    already in `csv_path` are not measured again. Returns the epochs chosen (None: none came close)."""
+    csv_path = Path(csv_path)
+    check_writable(csv_path.parent)
+    for epochs in sorted(set(candidates)):
+        budget = replace(settings, epochs=epochs)
+        table = read_ceilings(csv_path) if csv_path.exists() else pd.DataFrame()
+        done = table if table.empty else same_budget_but_epochs(table, budget)
+        done = done if done.empty else done[(done["run_id"] == run.run_id) & (done["rem_epochs"] == epochs)]
+        if done.empty:
+            log(f"{run.run_id}: ceiling with {epochs} epochs")
+            done = pd.DataFrame([ceiling_run(run, budget, device, data_root, log)])
+            update_csv(csv_path, read_ceilings, partial(appended, rows=done))
+        row = done.iloc[-1]
+        within = str(row["within_2_points"]) == "True"
+        log(f"{run.run_id}: ceiling {100 * row['ixy_paper']:.2f}% after {epochs} epochs, network "
+            f"{100 * row['network_accuracy']:.2f}%: {'within' if within else 'not within'} 2 points")
+        if within:
+            return epochs
+    return None
+
+
+def appended(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    return rows if table.empty else pd.concat([table, rows], ignore_index=True)
+
+
+def chosen_epochs(csv_path, settings=RemainderSettings()) -> int:
+    """The shortest budget (other settings as `settings`) whose ceiling came within 2 points of its
+    reference network, as `measure_ceilings` recorded it in `csv_path`."""
+    if not Path(csv_path).exists():
+        raise InfoProError(f"{csv_path} is missing: measure the ceiling first (`python -m analysis.remainder "
+                           f"ceiling`), or give --epochs")
+    table = read_ceilings(csv_path)
+    same = table if table.empty else same_budget_but_epochs(table, settings)
+    good = same[same["within_2_points"].astype(str) == "True"] if not same.empty else same
+    if good.empty:
+        measured = ", ".join(f"{100 * a:.1f}% after {e} epochs" for a, e in zip(same.get("ixy_paper", []),
+                                                                              same.get("rem_epochs", [])))
+        raise InfoProError(f"no budget in {csv_path} brought the ceiling within 2 points of its network "
+                           f"({measured or 'none measured with these settings'}); measure a longer one, or give --epochs")
+    return int(good["rem_epochs"].min())
 
 
 def all_layers(run: Run) -> list[int]:

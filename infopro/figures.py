@@ -37,6 +37,8 @@ HOW_TO_MAKE = {
                       "2.3 h for K=8 and about 3.3 h for K=16), beside `make fixture`'s runs of the same seeds",
     "test-predictions": "make it with `make test-predictions` (every run with committed weights scored image by "
                         "image on its whole test split: about 30 s per ResNet-32 on 10,000 images on 2 CPU cores)",
+    "remainder": "make it with `python -m analysis.remainder ceiling` and `layers` on a GPU (the remainder "
+                 "estimator: about eight ResNet-32 trainings of its budget per network; see docs/analysis.md)",
     "schedule-analysis": "make it with `make schedule-analysis` (linear probes, I(h,x) and I(h,y) of the schedule "
                          "check's runs that the Makefile's SCHEDULE_RUNS names and of their 12-epoch twins: about "
                          "150 min on 2 CPU cores)",
@@ -46,7 +48,7 @@ HOW_TO_MAKE = {
 # The columns the figures group and draw by; an analysis CSV without them is refused in one line.
 LAYER_COLUMNS = ("run_id", "regime", "K", "seed", "recipe", "epochs", "train_images", "layer", "arch", "split")
 PROBE_COLUMNS = LAYER_COLUMNS + ("test_error",)
-MI_COLUMNS = LAYER_COLUMNS + ("ixx_normalised", "ixy_normalised")
+MI_COLUMNS = LAYER_COLUMNS + ("estimator", "ixx_normalised", "ixy_normalised")
 BENCH_COLUMNS = ("method", "arch", "device", "batch_size", "precision")
 
 
@@ -84,6 +86,12 @@ def load_probes(results) -> pd.DataFrame:
 
 def load_mutual_info(results) -> pd.DataFrame:
     return read_result(Path(results) / "analysis" / "mutual_information.csv", "mutual-info", MI_COLUMNS)
+
+
+def load_ceilings(results) -> pd.DataFrame | None:
+    """The remainder estimator's ceilings (analysis/remainder_ceiling.csv), or None before any was measured."""
+    path = Path(results) / "analysis" / "remainder_ceiling.csv"
+    return read_result(path, "remainder", ("arch", "rem_epochs", "ixy_paper")) if path.exists() else None
 
 
 def load_schedule_pairs(results) -> pd.DataFrame:
@@ -257,10 +265,27 @@ def arch_rows(df: pd.DataFrame, arch: str) -> pd.DataFrame:
     return rows
 
 
-def selection(recipe: str | None, arch: str | None):
-    """The rows a target draws: those of `arch` and of the recipe whose label contains `recipe`
-    (each only when given; the figures then pick as by default among what is left)."""
+ESTIMATORS = ("remainder", "1c2f")  # of I(h,x) and I(h,y): infopro/remainder.py, infopro/mi.py
+
+
+def estimator_rows(df: pd.DataFrame, estimator: str | None) -> pd.DataFrame:
+    """The rows of one estimator of I(h,x) and I(h,y): `estimator`, or by default the remainder
+    estimator (the paper's units) wherever it has rows, else 1c2f's."""
+    if estimator is None:
+        estimator = "remainder" if (df["estimator"] == "remainder").any() else "1c2f"
+    rows = df[df["estimator"] == estimator]
+    if rows.empty:
+        raise InfoProError(f"no {estimator} rows in the mutual-information CSV: {HOW_TO_MAKE[estimator]}"
+                           if estimator == "remainder" else f"no {estimator} rows in the mutual-information CSV")
+    return rows
+
+
+def selection(recipe: str | None, arch: str | None, estimator: str | None = None):
+    """The rows a target draws: those of `arch`, of the recipe whose label contains `recipe` and, in
+    the mutual-information rows, of one estimator (`estimator_rows`); the figures then pick as by
+    default among what is left."""
     def pick(df: pd.DataFrame) -> pd.DataFrame:
+        df = estimator_rows(df, estimator) if "estimator" in df else df
         df = df if arch is None else arch_rows(df, arch)
         return df if recipe is None else recipe_rows(df, recipe)
     return pick
@@ -270,7 +295,8 @@ def selection(recipe: str | None, arch: str | None):
 FIGURES = {
     "fig7": lambda r, pick: plots.fig7_error_vs_k(pick(load_runs(r)), load_reference(r, "table2")),
     "fig8": lambda r, pick: plots.fig8_linear_probes(pick(load_probes(r)), load_reference(r, "analysis_figure")),
-    "fig10": lambda r, pick: plots.fig10_mutual_information(pick(load_mutual_info(r))),
+    "fig10": lambda r, pick: plots.fig10_mutual_information(pick(load_mutual_info(r)),
+                                                            load_reference(r, "analysis_figure"), load_ceilings(r)),
     "fig_info_plane": lambda r, pick: plots.fig_information_plane(pick(load_mutual_info(r))),
     "fig_curves": lambda r, pick: plots.fig_training_curves(pick(load_curves(r))),
     "fig_memory": lambda r, pick: memory_figure(r),
@@ -287,6 +313,7 @@ TABLES = {
 }
 TARGETS = (*FIGURES, *TABLES)
 ARCH_TARGETS = (*RECIPE_FIGURES, "table2")  # the targets that show one network of the runs
+ESTIMATOR_TARGETS = ("fig10", "fig_info_plane")  # the targets that show one estimator of I(h,x), I(h,y)
 
 
 def refuse_unless(target: str, option: str, targets: tuple[str, ...]) -> None:
@@ -294,13 +321,15 @@ def refuse_unless(target: str, option: str, targets: tuple[str, ...]) -> None:
         raise InfoProError(f"--{option} applies to {', '.join(targets)}, not {target}")
 
 
-def build(target: str, results="results", recipe: str | None = None, arch: str | None = None) -> list[Path]:
+def build(target: str, results="results", recipe: str | None = None, arch: str | None = None,
+          estimator: str | None = None) -> list[Path]:
     """Build one figure (results/figures/<target>.png and .pdf) or table (results/tables/<target>.*).
 
     With `recipe`, a figure of RECIPE_FIGURES shows the runs of the recipe whose label contains
     that text; with `arch`, a target of ARCH_TARGETS shows that network's runs (where another
     network covers more configurations). Either writes <target>[-<arch>][-<recipe, slugged>].*,
-    beside the default.
+    beside the default. With `estimator`, fig10 and fig_info_plane draw that estimator's rows, as
+    <target>-<estimator>.*.
     """
     if target not in TARGETS:
         raise InfoProError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")
@@ -308,10 +337,12 @@ def build(target: str, results="results", recipe: str | None = None, arch: str |
         refuse_unless(target, "recipe", RECIPE_FIGURES)
     if arch is not None:
         refuse_unless(target, "arch", ARCH_TARGETS)
+    if estimator is not None:
+        refuse_unless(target, "estimator", ESTIMATOR_TARGETS)
     results = Path(results)
     slug = None if recipe is None else re.sub(r"[^a-z0-9]+", "-", recipe.lower()).strip("-")
-    stem = "-".join(part for part in (target, arch, slug) if part)
-    pick = selection(recipe, arch)
+    stem = "-".join(part for part in (target, arch, slug, estimator) if part)
+    pick = selection(recipe, arch, estimator)
     if target in FIGURES:
         return plots.save_figure(FIGURES[target](results, pick), results / "figures" / stem)
     table, caption = TABLES[target](results, pick)

@@ -247,25 +247,77 @@ def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
     return figure
 
 
+# The two estimators of I(h,x) and I(h,y) (infopro/analysis.py), each drawn in its own units:
+# estimator -> ((I(h,x) column, axis label), (I(h,y) column, axis label)).
+MI_AXES = {
+    "remainder": (("ixx_paper", "I(h,x): 1 − decoder's BCE per value"),
+                  ("ixy_paper", "I(h,y): remainder's test accuracy")),
+    "1c2f": (("ixx_normalised", "Î(h,x) / reducible H(x)"), ("ixy_normalised", "Î(h,y) / H(y), 1c2f head")),
+}
+PAPER_MI = {"ixx_paper": "ixx_paper_units", "ixy_paper": "ixy_paper_units"}  # results/reference/analysis_figure.csv
+PAPER_DASHED = (Line2D([], [], color="grey", alpha=0.5, ls="--", lw=0.8), "paper, greedy SL and E2E (read off)")
+CEILING = (Line2D([], [], color="grey", ls=":", lw=1.2), "ceiling: the architecture trained on x, same budget")
+
+
+def estimator_of(mi: pd.DataFrame) -> str:
+    """The one estimator whose rows a figure shows (the `estimator` column; rows without one are 1c2f's)."""
+    estimators = set(mi["estimator"].fillna("1c2f")) if "estimator" in mi else {"1c2f"}
+    if len(estimators) != 1:
+        raise InfoProError(f"these rows mix the estimators {', '.join(sorted(estimators))}; draw one at a time")
+    return estimators.pop()
+
+
+def ceiling_accuracy(mi: pd.DataFrame, ceilings: pd.DataFrame | None) -> float | None:
+    """The mean ceiling measured with the budget of the remainder rows `mi` (None if none was)."""
+    if ceilings is None or ceilings.empty:
+        return None
+    same = ceilings[(ceilings["rem_epochs"] == mi["rem_epochs"].iloc[0]) & (ceilings["arch"] == mi["arch"].iloc[0])]
+    return None if same.empty else float(same["ixy_paper"].mean())
+
+
 @styled
-def fig10_mutual_information(mi: pd.DataFrame) -> Figure:
-    """Estimated I(h,x) and I(h,y) vs layer point, one curve per K; a row per method."""
+def fig10_mutual_information(mi: pd.DataFrame, reference: pd.DataFrame | None = None,
+                             ceilings: pd.DataFrame | None = None) -> Figure:
+    """I(h,x) and I(h,y) vs layer point, one curve per K; a row per method. Remainder rows are drawn in
+    the paper's units, with its read-off greedy SL and E2E values dashed in the greedy row and the
+    ceiling of the estimator's budget dotted on every I(h,y) panel."""
+    estimator = estimator_of(mi)
     mi, recipe = figure_rows(mi)
     methods = [m for m in LOCAL_METHODS if m in set(mi["method"])]
     methods = methods or ["e2e"]
     figure, axes = new_figure(8.0, 0.6 + 2.9 * len(methods), len(methods), 2)
     ends = module_end_table(mi)
+    ceiling = ceiling_accuracy(mi, ceilings) if estimator == "remainder" else None
+    paper = False
     for row, method in enumerate(methods):
         rows = panel_rows(mi, method)
-        for ax, value, label in ((axes[row, 0], "ixx_normalised", "Î(h,x) / reducible H(x)"),
-                                 (axes[row, 1], "ixy_normalised", "Î(h,y) / H(y)")):
+        for ax, (value, label) in zip(axes[row], MI_AXES[estimator]):
             layer_curves(ax, rows, value, ends)
-            ax.set_title(f"{METHODS[method][0]}: {label.split(' /')[0]}")
+            if value in PAPER_MI and reference is not None and method in ("greedy", "e2e") \
+                    and mi["arch"].iloc[0] == ANALYSIS_FIGURE_ARCH:
+                paper = reference_curves(ax, reference, PAPER_MI[value]) or paper
+            if value == "ixy_paper" and ceiling is not None:
+                ax.axhline(ceiling, color="grey", ls=":", lw=1.2)
+            ax.set_title(f"{METHODS[method][0]}: {label.split(':')[0].split(' /')[0]}")
             layer_axis(ax, label)
-    shared_legend(figure, axes[0, 0], [MODULE_END])
+    extra = [MODULE_END] + [PAPER_DASHED] * paper + [CEILING] * (ceiling is not None)
+    shared_legend(figure, axes[0, 0], extra)
     first = mi.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {curve_seeds_text(mi)}.", mutual_info_text(first))
+    footer(figure, f"{first['arch']}, {recipe}; {curve_seeds_text(mi)}.", estimator_text(first, estimator))
     return figure
+
+
+def estimator_text(row: pd.Series, estimator: str) -> str:
+    """The footer line of the I(h,x), I(h,y) estimator `estimator`, from one of its rows."""
+    return remainder_text(row) if estimator == "remainder" else mutual_info_text(row)
+
+
+def remainder_text(row: pd.Series) -> str:
+    """The remainder estimator's settings, for a footer, from one row of the mutual-information CSV."""
+    return (f"Remainder estimator (infopro/remainder.py): per layer point, a fresh copy of the layers after it and the "
+            f"head trained on the frozen h, InfoPro's decoder beside it; SGD Nesterov, lr {row['rem_lr']:g}, batch "
+            f"{row['rem_batch_size']}, {row['rem_epochs']} epochs, {row['rem_precision']}; "
+            f"{row['mi_train_images']:,} augmented train / {row['mi_test_images']:,} test images.")
 
 
 def probe_text(row: pd.Series) -> str:
@@ -276,8 +328,8 @@ def probe_text(row: pd.Series) -> str:
 
 
 def mutual_info_text(row: pd.Series) -> str:
-    """The I(h,x) and I(h,y) estimators' settings, for a footer, from one row of the mutual-information CSV."""
-    return (f"Held-out predictive information (infopro/mi.py): I(h,x) from a decoder trained with pixel BCE, "
+    """The 1c2f estimators' settings, for a footer, from one row of the mutual-information CSV."""
+    return (f"Usable information to a small head (infopro/mi.py): I(h,x) from a decoder trained with pixel BCE, "
             f"as a fraction of the entropy a perfect reconstruction removes; I(h,y) from a 1c2f classifier, "
             f"as a fraction of H(y) = ln 10. Adam lr {row['est_lr']:g}, {row['est_epochs']} epochs, "
             f"{row['mi_train_images']:,} train / {row['mi_test_images']:,} test images.")
@@ -358,12 +410,12 @@ def fig_schedule(probes: pd.DataFrame, mi: pd.DataFrame) -> Figure:
 STEM = (Line2D([], [], marker="o", ms=5, mfc="white", mec="grey", ls=""), "layer point 1 (stem)")
 
 
-def plane_path(ax, rows: pd.DataFrame, method: str) -> None:
+def plane_path(ax, rows: pd.DataFrame, method: str, columns=("ixx_normalised", "ixy_normalised")) -> None:
     """One configuration's path through the information plane, layer point by layer point (mean
     over seeds): an open marker at the stem, large markers at module ends, an arrowhead at the
     last layer."""
-    means = rows.groupby("layer")[["ixx_normalised", "ixy_normalised"]].mean()
-    x, y = means["ixx_normalised"], means["ixy_normalised"]
+    means = rows.groupby("layer")[list(columns)].mean()
+    x, y = means[columns[0]], means[columns[1]]
     label, colour, marker, _ = METHODS[method]
     ax.plot(x, y, color=colour, lw=1.3, marker=marker, ms=2.5, label=label)
     ax.scatter(x.iloc[:1], y.iloc[:1], s=30, color="white", edgecolor=colour, linewidth=1.2, zorder=3)
@@ -380,24 +432,25 @@ def fig_information_plane(mi: pd.DataFrame) -> Figure:
     beside E2E, on shared axes. fig10 draws the same rows per method; here the methods meet in
     one panel, so one sees where greedy SL trades the input for the label early and InfoPro
     keeps both."""
+    estimator = estimator_of(mi)
+    (x, xlabel), (y, ylabel) = MI_AXES[estimator]
     mi, recipe = figure_rows(mi)
     panel_ks = local_ks(mi)
     cols = min(2, len(panel_ks))
     grid_rows = -(-len(panel_ks) // cols)
     figure, axes = new_figure(4.2 * cols, 0.9 + 3.7 * grid_rows, grid_rows, cols)
-    limits = [(mi[value].min() - 0.03, mi[value].max() + 0.03) for value in ("ixx_normalised", "ixy_normalised")]
+    limits = [(mi[value].min() - 0.03, mi[value].max() + 0.03) for value in (x, y)]
     for ax, K in zip(axes.flat, panel_ks):
         shown = mi[(mi["K"] == K) | (mi["method"] == "e2e")]
         for method in (m for m in METHODS if m in set(shown["method"])):
-            plane_path(ax, shown[shown["method"] == method], method)
-        ax.set(xlim=limits[0], ylim=limits[1], title="E2E" if K == 1 else f"K = {K}",
-               xlabel="Î(h,x) / reducible H(x)", ylabel="Î(h,y) / H(y)")
+            plane_path(ax, shown[shown["method"] == method], method, (x, y))
+        ax.set(xlim=limits[0], ylim=limits[1], title="E2E" if K == 1 else f"K = {K}", xlabel=xlabel, ylabel=ylabel)
     for ax in axes.flat[len(panel_ks):]:
         ax.set_visible(False)
     shared_legend(figure, axes, [STEM, MODULE_END])
     first = mi.iloc[0]
     footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K'])}; each path is the mean over "
-           f"seeds at each layer point, from the stem to the last layer (arrowhead).", mutual_info_text(first))
+           f"seeds at each layer point, from the stem to the last layer (arrowhead).", estimator_text(first, estimator))
     return figure
 
 

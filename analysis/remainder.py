@@ -1,0 +1,80 @@
+"""I(h,y) and I(h,x) per layer point in the paper's units (fig10): the remainder estimator, on a GPU.
+
+    python -m analysis.remainder ceiling --reference cifar10-jpeg-resnet32-e2e-K1-s0 --candidates 30 45 60
+    python -m analysis.remainder layers --only cifar10-jpeg-resnet32-e2e-K1-s0 cifar10-jpeg-resnet32-greedy-K4-s0
+
+`ceiling` trains the network's architecture from the image itself (h = x) with the estimator's
+budget, shortest candidate first, until it comes within 2 points of the reference network's own
+test accuracy; rows go to results/analysis/remainder_ceiling.csv. `layers` then trains, for every
+layer point of each run, a fresh copy of the rest of the network on the frozen h, and InfoPro's
+decoder beside it, with the shortest budget that passed (or --epochs); one row per (run, layer
+point) goes to results/analysis/mutual_information.csv with estimator "remainder", written after
+each run. What the paper's figure shows for greedy SL: I(h,y) falls at the first module ends and is
+not regained; for E2E it stays level from the stem on. Cost: the sixteen remainders of a ResNet-32
+are about eight ResNet-32s of work per batch, so one network takes about eight times a ResNet-32
+trained alone for the same epochs (unmeasured on a GPU so far; days on a CPU).
+"""
+
+from dataclasses import replace
+
+from analysis.probe import layer_list
+from infopro.analysis import (analyse_runs, chosen_epochs, measure_ceilings, remainder_run, remainder_settings)
+from infopro.cli import ArgumentParser, at_least, positive, run
+from infopro.errors import InfoProError
+from infopro.remainder import RemainderSettings
+from infopro.runs import finished_runs
+from infopro.train import PRECISIONS, resolve_device
+
+CEILINGS = "results/analysis/remainder_ceiling.csv"
+
+
+def settings_from(args) -> RemainderSettings:
+    return RemainderSettings(batch_size=args.batch_size, lr=args.lr, precision=args.precision)
+
+
+def parse_args(argv=None):
+    defaults = RemainderSettings()
+    p = ArgumentParser(prog="python -m analysis.remainder", description=__doc__.split("\n\n")[0])
+    commands = p.add_subparsers(dest="command", required=True)
+    ceiling = commands.add_parser("ceiling", help="choose the budget: the ceiling against a trained network")
+    ceiling.add_argument("--reference", required=True, metavar="TEXT", help="the run (id contains TEXT) whose "
+                         "test accuracy the ceiling must come within 2 points of")
+    ceiling.add_argument("--candidates", type=at_least(1), nargs="+", default=[defaults.epochs], metavar="EPOCHS")
+    layers = commands.add_parser("layers", help="I(h,y) and I(h,x) at every layer point of each run")
+    layers.add_argument("--only", nargs="+", metavar="TEXT", help="estimate only runs whose id contains TEXT")
+    layers.add_argument("--layers", type=layer_list, metavar="L1,L2", help="layer points (default: all)")
+    layers.add_argument("--epochs", type=at_least(1), help="budget (default: the shortest whose ceiling passed)")
+    layers.add_argument("--force", action="store_true", help="redo runs already in the CSV")
+    layers.add_argument("--out", default="results/analysis/mutual_information.csv")
+    for command in (ceiling, layers):
+        command.add_argument("--runs", default="results/runs", help="folder searched for finished runs")
+        command.add_argument("--ceilings", default=CEILINGS, help="the ceiling CSV, written or read")
+        command.add_argument("--batch-size", type=at_least(2), default=defaults.batch_size)
+        command.add_argument("--lr", type=positive, default=defaults.lr, help="peak SGD learning rate")
+        command.add_argument("--precision", choices=PRECISIONS, default=defaults.precision)
+        command.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+        command.add_argument("--data-root", help="folder or archive of the runs' dataset")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device, settings = resolve_device(args.device), settings_from(args)
+    if args.command == "ceiling":
+        reference = finished_runs(args.runs, [args.reference])
+        if len(reference) != 1:
+            raise InfoProError(f"--reference {args.reference!r} matches {len(reference)} runs; name one")
+        chosen = measure_ceilings(reference[0], args.candidates, args.ceilings, settings, device, args.data_root)
+        if chosen is None:
+            raise InfoProError(f"no candidate budget brought the ceiling within 2 points (rows in {args.ceilings}); "
+                               "try longer ones")
+        print(f"budget: {chosen} epochs")
+        return
+    settings = replace(settings, epochs=args.epochs or chosen_epochs(args.ceilings, settings))
+    analyse_runs(finished_runs(args.runs, args.only), args.out,
+                 lambda r, points: remainder_run(r, points, settings=settings, device=device, data_root=args.data_root),
+                 lambda r: remainder_settings(r, settings), args.layers, force=args.force)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,237 @@
+"""The remainder estimator of I(h,y) and I(h,x) checked on cases whose answer is known.
+
+A small ResNet-8 (layer points 1..4) on synthetic images with some labels redrawn at random,
+so that no estimate sits at 100% and a difference between points can show.
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from infopro.data import Split, synthetic_splits, to_unit
+from infopro.errors import InfoProError
+from infopro.models import CifarResNet
+from infopro.probes import probe_layers
+from infopro.remainder import RemainderSettings, ceiling_within, estimate
+from infopro.train import prepare_input
+
+FAST = RemainderSettings(epochs=4, batch_size=50, lr=0.1, warmup_epochs=0, precision="fp32")
+CHANCE = 0.1
+
+
+def with_label_noise(split: Split, fraction: float, seed: int) -> Split:
+    generator = torch.Generator().manual_seed(seed)
+    labels = split.labels.clone()
+    redraw = torch.rand(len(labels), generator=generator) < fraction
+    labels[redraw] = torch.randint(0, 10, (int(redraw.sum()),), generator=generator)
+    return Split(split.images, labels)
+
+
+@pytest.fixture(scope="module")
+def data():
+    train, test = synthetic_splits(1000, 500)
+    return with_label_noise(train, 0.3, 1), with_label_noise(test, 0.3, 2)
+
+
+def trained_resnet8(train: Split, epochs: int = 3) -> CifarResNet:
+    """A ResNet-8 trained end to end for a few epochs, in eval mode."""
+    torch.manual_seed(0)
+    net = CifarResNet(8)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(epochs):
+        for index in torch.randperm(len(train)).split(50):
+            optimizer.zero_grad()
+            x = prepare_input(to_unit(train.images[index]), torch.device("cpu"))
+            F.cross_entropy(net(x), train.labels[index]).backward()
+            optimizer.step()
+    return net.eval()
+
+
+def by_layer(rows):
+    return {row["layer"]: row for row in rows}
+
+
+class Zeros(nn.Module):
+    """A layer that destroys its input: the label cannot be read after it."""
+
+    def forward(self, h):
+        return torch.zeros_like(h)
+
+
+class Orthogonal(nn.Module):
+    """An invertible layer: a fixed random rotation of the channels."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        q, _ = torch.linalg.qr(torch.randn(channels, channels, generator=torch.Generator().manual_seed(3)))
+        self.register_buffer("q", q)
+
+    def forward(self, h):
+        return torch.einsum("dc,nchw->ndhw", self.q, h)
+
+
+class Embed(nn.Module):
+    """The image itself, zero-padded to the stem's 16 channels: invertible, so h_1 holds all of x."""
+
+    def forward(self, x):
+        return F.pad(x, (0, 0, 0, 0, 0, 13))
+
+
+def test_a_layer_that_destroys_the_label_gives_chance_there_and_after(data):
+    train, test = data
+    torch.manual_seed(0)
+    net = CifarResNet(8).eval()
+    net.layers[1] = Zeros()
+    rows = by_layer(estimate(net, train, test, [1, 2, 4], FAST, log=lambda line: None))
+    assert rows[1]["ixy_paper"] > 3 * CHANCE
+    for point in (2, 4):
+        assert rows[point]["ixy_paper"] == pytest.approx(CHANCE, abs=0.05)
+        assert abs(rows[point]["ixy_nats"]) < 0.05
+
+
+def test_at_the_last_point_it_agrees_with_the_linear_probe(data):
+    train, test = data
+    net = trained_resnet8(train)
+    remainder = by_layer(estimate(net, train, test, [4], FAST, log=lambda line: None))[4]["ixy_paper"]
+    probe = 1 - probe_layers(net, train, test, [4])[0]["test_error"] / 100
+    assert remainder > 3 * CHANCE
+    assert remainder == pytest.approx(probe, abs=0.05)
+
+
+def test_it_stays_level_along_invertible_layers(data):
+    train, test = data
+    torch.manual_seed(0)
+    net = CifarResNet(8).eval()
+    net.layers[1] = Orthogonal(16)
+    rows = by_layer(estimate(net, train, test, [1, 2], FAST, log=lambda line: None))
+    assert rows[1]["ixy_paper"] > 3 * CHANCE
+    assert rows[2]["ixy_paper"] == pytest.approx(rows[1]["ixy_paper"], abs=0.06)
+
+
+def test_the_image_itself_reaches_the_ceiling(data):
+    train, test = data
+    torch.manual_seed(0)
+    net = CifarResNet(8).eval()
+    net.layers[0] = Embed()
+    rows = by_layer(estimate(net, train, test, [0, 1], FAST, log=lambda line: None))
+    assert rows[0]["ixy_paper"] > 3 * CHANCE
+    assert rows[1]["ixy_paper"] == pytest.approx(rows[0]["ixy_paper"], abs=0.06)
+    assert "ixx_paper" not in rows[0] and 0 < rows[1]["ixx_normalised"] <= 1
+
+
+def test_a_point_does_not_depend_on_the_points_trained_beside_it(data):
+    train, test = data
+    torch.manual_seed(0)
+    net = CifarResNet(8).eval()
+    settings = RemainderSettings(epochs=1, batch_size=100, lr=0.1, warmup_epochs=0, precision="fp32")
+    alone = by_layer(estimate(net, train, test, [3], settings, log=lambda line: None))[3]
+    together = by_layer(estimate(net, train, test, [0, 1, 3], settings, log=lambda line: None))[3]
+    assert together == pytest.approx(alone, rel=1e-5)
+
+
+def test_the_frozen_network_is_unchanged(data):
+    train, test = data
+    torch.manual_seed(0)
+    net = CifarResNet(8).train()  # a forward in train mode would move BN's running statistics
+    before = {name: value.clone() for name, value in net.state_dict().items()}
+    settings = RemainderSettings(epochs=1, batch_size=100, lr=0.1, warmup_epochs=0, precision="fp32")
+    estimate(net, train, test, [2], settings, log=lambda line: None)
+    assert net.training
+    for name, value in net.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("change", [dict(epochs=0), dict(batch_size=1), dict(lr=0.0), dict(precision="fp16")])
+def test_bad_settings_are_refused(change):
+    with pytest.raises(InfoProError):
+        RemainderSettings(**change)
+
+
+def test_points_outside_the_network_are_refused(data):
+    train, test = data
+    with pytest.raises(InfoProError, match="0..4"):
+        estimate(CifarResNet(8), train, test, [5], FAST)
+
+
+def test_the_budget_check_reads_percentage_points():
+    assert ceiling_within(0.875, 0.889)
+    assert not ceiling_within(0.86, 0.889)
+
+
+def test_the_command_measures_the_ceiling_then_every_layer_and_fig10_draws_them(tmp_path):
+    """`ceiling` writes its rows and stops at the first candidate within 2 points; `layers` takes that
+    budget, writes remainder rows beside the 1c2f ones and skips them when called again; fig10 and the
+    information plane then draw the remainder rows by default, 1c2f's on request."""
+    import shutil
+
+    import pandas as pd
+
+    from conftest import REPO, run_main
+    from infopro.analysis import chosen_epochs
+    from infopro.figures import build
+    from infopro.train import TrainConfig, train
+
+    results = tmp_path / "results"
+    shutil.copytree(REPO / "results" / "reference", results / "reference")
+    train(TrainConfig(regime="greedy", K=2, dataset="synthetic", epochs=1, train_subset=300, test_subset=100,
+                      batch_size=50), results / "runs" / "tiny", device="cpu", log=lambda line: None)
+    common = ["--runs", str(results / "runs"), "--ceilings", str(results / "analysis" / "remainder_ceiling.csv"),
+              "--batch-size", "50", "--lr", "0.1", "--precision", "fp32", "--device", "cpu"]
+    ceiling = run_main("analysis.remainder", "ceiling", "--reference", "greedy-K2", "--candidates", "1", "2", *common)
+    ceilings = pd.read_csv(results / "analysis" / "remainder_ceiling.csv")
+    if ceiling.returncode == 0:  # the tiny network's own accuracy is what the ceiling must reach
+        assert ceilings["within_2_points"].iloc[-1] and ceiling.stdout.strip().endswith("epochs")
+    else:
+        assert not ceilings["within_2_points"].any() and "no candidate budget" in ceiling.stderr
+    assert list(ceilings["rem_epochs"]) == [1, 2][:len(ceilings)] and ceilings["layer"].eq(0).all()
+
+    layers = ["analysis.remainder", "layers", "--layers", "1,8,16", "--epochs", "1",
+              "--out", str(results / "analysis" / "mutual_information.csv"), *common]
+    made = run_main(*layers)
+    assert made.returncode == 0, made.stderr
+    assert "already analysed" in run_main(*layers).stdout
+    mi = pd.read_csv(results / "analysis" / "mutual_information.csv")
+    assert list(mi["layer"]) == [1, 8, 16] and set(mi["estimator"]) == {"remainder"}
+    assert mi["ixy_paper"].between(0, 1).all() and (mi["ixx_paper"] == 1 - mi["ixx_bce"]).all()
+
+    made = run_main("analysis.mutual_info", "--runs", str(results / "runs"), "--layers", "1,8,16", "--epochs", "1",
+                    "--out", str(results / "analysis" / "mutual_information.csv"), "--device", "cpu")
+    assert made.returncode == 0, made.stderr
+    mi = pd.read_csv(results / "analysis" / "mutual_information.csv")
+    assert sorted(mi["estimator"].unique()) == ["1c2f", "remainder"]
+    for target in ("fig10", "fig_info_plane"):
+        assert build(target, results)[0].name == f"{target}.png"
+        assert build(target, results, estimator="1c2f")[0].name == f"{target}-1c2f.png"
+    if ceiling.returncode != 0:
+        with pytest.raises(InfoProError, match="no budget .* brought the ceiling within 2 points"):
+            chosen_epochs(results / "analysis" / "remainder_ceiling.csv",
+                          RemainderSettings(batch_size=50, lr=0.1, precision="fp32"))
+
+
+def test_the_figure_draws_the_paper_dashed_and_the_ceiling_dotted():
+    import pandas as pd
+
+    from infopro.plots import fig10_mutual_information
+
+    rows = []
+    for regime, K in (("e2e", 1), ("greedy", 4)):
+        for layer in range(1, 17):
+            rows.append(dict(run_id=f"{regime}-K{K}", regime=regime, task_loss="", K=K, split="paper", seed=0,
+                             recipe="r", epochs=160, train_images=50000, layer=layer, arch="resnet32",
+                             module_end=layer in (4, 8, 12) and K == 4, estimator="remainder",
+                             ixy_paper=0.9 - 0.01 * layer * (K > 1), ixx_paper=0.4, mi_train_images=50000,
+                             mi_test_images=10000, rem_lr=0.4, rem_batch_size=512, rem_epochs=30,
+                             rem_precision="bf16"))
+    reference = pd.DataFrame([dict(quantity="ixy_paper_units", regime="greedy", K=4, layer=layer, value=0.9)
+                              for layer in range(1, 17)])
+    ceilings = pd.DataFrame([dict(arch="resnet32", rem_epochs=30, ixy_paper=0.88)])
+    figure = fig10_mutual_information(pd.DataFrame(rows), reference, ceilings)
+    ixy = figure.axes[1]
+    assert ixy.get_ylabel().startswith("I(h,y): remainder")
+    dotted = [line for line in ixy.get_lines() if line.get_linestyle() == ":"]
+    dashed = [line for line in ixy.get_lines() if line.get_linestyle() == "--"]
+    assert len(dotted) == 1 and list(dotted[0].get_ydata()) == [0.88, 0.88]
+    assert len(dashed) == 1 and list(dashed[0].get_ydata()) == [0.9] * 16
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert "paper, greedy SL and E2E (read off)" in legend and any(label.startswith("ceiling") for label in legend)
