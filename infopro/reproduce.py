@@ -24,6 +24,7 @@ from infopro.cli import call
 from infopro.grid import get_grid, run_state, run_status, status_summary
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
+from infopro.remainder import RemainderSettings
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
@@ -32,6 +33,17 @@ MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
 STEP_TABLE = "resnet110-b1024-fp32-"  # the benchmark's Table 3 step table, before its device slug
 PIPELINE = "pipeline-resnet32-b1024-fp32-"  # the input-pipeline comparison (a ResNet-32 epoch), likewise
 PROFILE_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro-balanced:4", "infopro:16")
+# The remainder estimator (analysis.remainder) on the seed-0 networks of GRID: its budget is chosen
+# against E2E, shortest candidate first; the paper's figure (E2E, greedy SL) goes before DGL's row,
+# the other methods after the unfinished runs of Table 2.
+REMAINDER_REFERENCE = f"{GRID_DATASET}-resnet32-e2e-K1-s0"
+REMAINDER_CANDIDATES = (30, 45, 60)
+REMAINDER_FIRST = ("e2e-K1", "greedy-K2", "greedy-K4", "greedy-K8", "greedy-K16")
+REMAINDER_LATER = tuple(f"{method}-K{K}" for method in ("infopro-contrast", "infopro-softmax", "dgl")
+                        for K in (2, 4, 8, 16))
+# Not yet measured on a GPU: sixteen remainders are about eight ResNet-32s of work per batch, and a
+# ResNet-32 epoch takes about 1 s on an H100, so 30 epochs of them about 4 min, plus the decoders.
+REMAINDER_MINUTES = 6
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,25 @@ def best_jobs(bench: Path) -> int:
     return int(table.loc[table["best"], "jobs"].iloc[0])
 
 
+def ceiling_measured(ceilings: Path) -> bool:
+    """Whether the remainder estimator's budget is settled: a candidate's ceiling came within 2 points of
+    the reference, or every candidate was measured (then the estimates wait for a person's choice)."""
+    if not ceilings.is_file():
+        return False
+    table = read_table(ceilings, "delete it to measure the ceilings again", ("run_id", "rem_epochs", "within_2_points"))
+    mine = table[table["run_id"] == REMAINDER_REFERENCE]
+    return (mine["within_2_points"].astype(str) == "True").any() or set(REMAINDER_CANDIDATES) <= set(mine["rem_epochs"])
+
+
+def remainder_estimated(mi: Path, run_id: str, points: int = 16) -> bool:
+    """Whether mutual_information.csv holds the remainder estimator's row of every layer point of `run_id`."""
+    if not mi.is_file():
+        return False
+    table = read_table(mi, "restore it from git", ("run_id", "layer", "estimator"))
+    rows = table[(table["run_id"] == run_id) & (table["estimator"] == "remainder")]
+    return rows["layer"].nunique() >= points
+
+
 def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list[Stage]:
     """The GPU stages in the order they run; `results` is the repository's results/ folder and `gpu`
     the device slug of the GPU they will run on (None when only planning).
@@ -114,15 +145,37 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
     python = [sys.executable, "-m"]
     data = ["--dataset", GRID_DATASET] + (["--data-root", str(Path(data_root).resolve())] if data_root else [])
 
-    def grid_stage(name: str, grid_name: str) -> Stage:
-        """A grid of trainings on the JPEG copy, every seed, as many at once as the GPU's measured best."""
-        configs = get_grid(grid_name).configs(dataset=GRID_DATASET)
-        return Stage(name, f"the {grid_name} grid on {GRID_DATASET}, every seed, resumable",
+    def grid_stage(name: str, grid_name: str, seeds: tuple[int, ...] | None = None,
+                   only: list[str] | None = None) -> Stage:
+        """A grid of trainings on the JPEG copy (`seeds`, default every one; `only`: those run ids), as
+        many at once as the GPU's measured best."""
+        configs = get_grid(grid_name).configs(seeds=seeds, only=only, dataset=GRID_DATASET)
+        which = ("the unfinished runs" if only else "every seed" if seeds is None
+                 else f"seed {', '.join(map(str, seeds))}")
+        return Stage(name, f"the {grid_name} grid on {GRID_DATASET}, {which}, resumable",
                      lambda: all(run_state(config, runs) == "done" for config in configs),
                      lambda left: python + ["experiments.grid", grid_name, *data, "--jobs", str(best_jobs(bench)),
-                                            "--time-budget", f"{left:.1f}", "--out", str(runs)],
+                                            "--time-budget", f"{left:.1f}", "--out", str(runs)]
+                     + (["--seeds", *map(str, seeds)] if seeds else []) + (["--only", *only] if only else []),
                      minutes=2,
                      progress=lambda: status_summary([run_status(config, runs) for config in configs]))
+
+    unfinished = [config.run_id() for config in get_grid(GRID).configs(dataset=GRID_DATASET)
+                  if run_state(config, runs).startswith("partial")]
+    analysis = results.resolve() / "analysis"
+    ceilings, mi = analysis / "remainder_ceiling.csv", analysis / "mutual_information.csv"
+    remainder = python + ["analysis.remainder"]
+    root = ["--data-root", str(Path(data_root).resolve())] if data_root else []
+
+    def remainder_stages(networks: tuple[str, ...]) -> list[Stage]:
+        """One stage per seed-0 network, so that a call packs after each (`run_stages`'s `after`)."""
+        ids = [f"{GRID_DATASET}-resnet32-{network}-s0" for network in networks]
+        return [Stage(f"remainder:{network}", f"I(h,y), I(h,x) in the paper's units at every layer of {run_id}",
+                      lambda run_id=run_id: remainder_estimated(mi, run_id),
+                      lambda left, run_id=run_id: remainder + ["layers", "--only", run_id, "--runs", str(runs),
+                                                               "--ceilings", str(ceilings), "--out", str(mi), *root],
+                      minutes=REMAINDER_MINUTES)
+                for network, run_id in zip(networks, ids) if (runs / run_id / "model.pt").is_file()]
 
     return [
         Stage("table3", "every method's step time and memory, ResNet-110, batch 1024, fp32; our input "
@@ -164,7 +217,19 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
               lambda left: python + ["experiments.bench", "--measure", "steps", "pipeline",
                                      "--out", str(bench / "remeasured")],
               minutes=6),  # as table3, which took 5.7 min on an H100
+        Stage("remainder-ceiling", "the remainder estimator's budget: a ResNet-32 trained from the image with "
+                                   f"{', '.join(map(str, REMAINDER_CANDIDATES))} epochs until one comes within 2 "
+                                   "points of E2E's test accuracy",
+              lambda: ceiling_measured(ceilings),
+              lambda left: remainder + ["ceiling", "--reference", REMAINDER_REFERENCE, "--candidates",
+                                        *map(str, REMAINDER_CANDIDATES), "--runs", str(runs),
+                                        "--ceilings", str(ceilings), *root],
+              minutes=2),
+        *remainder_stages(REMAINDER_FIRST),
+        grid_stage("dgl-seed0", DGL_GRID, seeds=(0,)),
+        *([grid_stage("table2-unfinished", GRID, only=unfinished)] if unfinished else []),
         grid_stage("table2", GRID),
+        *remainder_stages(REMAINDER_LATER),
         grid_stage("dgl", DGL_GRID),
     ]
 

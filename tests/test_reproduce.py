@@ -43,7 +43,7 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     bench.mkdir()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
     assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "profile-resnet32",
-                          "retime", "table2", "dgl"]
+                          "retime", "remainder-ceiling", "dgl-seed0", "table2", "dgl"]  # no run has weights here
     assert not any(stage.done() for stage in plan.values())
     for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-fp32-cpu.csv"):
         (bench / name).touch()
@@ -125,7 +125,7 @@ def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
     lines = result.stdout.splitlines()
     stage_lines = [line for line in lines if not line.startswith(" ")]
-    assert result.returncode == 0 and len(stage_lines) == 9 and len(lines) == 13
+    assert result.returncode == 0 and len(stage_lines) == 11 and len(lines) == 17
     assert all(line.startswith("to do") for line in stage_lines)
     assert [line.split()[2] for line in stage_lines[-2:]] == ["table2", "dgl"]
     for stage, runs in ((-6, 39), (-3, 12)):  # each grid stage ends with `grid --status`'s two totals
@@ -143,9 +143,10 @@ def test_the_plan_says_what_the_grid_status_says_is_left_of_the_committed_grid()
     plan = run_main("experiments.reproduce", "--plan", "--results", str(results))
     assert plan.returncode == 0
     lines = plan.stdout.splitlines()
-    for first, stage, grid in ((-6, "table2", "table2-resnet32"), (-3, "dgl", "table2-dgl-resnet32")):
+    for stage, grid in (("table2", "table2-resnet32"), ("dgl", "table2-dgl-resnet32")):
         status = run_main("experiments.grid", grid, "--dataset", "cifar10-jpeg", "--status", "--out", str(results / "runs"))
-        assert status.returncode == 0 and lines[first].startswith(f"to do  {stage} ")
+        first = [n for n, line in enumerate(lines) if line.startswith(f"to do  {stage} ")][0]
+        assert status.returncode == 0
         assert [line.strip() for line in lines[first + 1:][:2]] == status.stdout.splitlines()[-2:]
 
 
@@ -286,3 +287,38 @@ def test_pack_returns_exactly_what_the_call_wrote_in_parts_under_the_limit(tmp_p
 def test_cli_refuses_a_part_size_that_is_not_positive(tmp_path):
     result = run_main("experiments.reproduce", "--time-budget", "5", "--pack-to", str(tmp_path), "--pack-mib", "0")
     assert result.returncode == 2 and "--pack-mib" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_rows(tmp_path):
+    """The ceiling first; E2E and greedy SL of seed 0 before DGL's seed 0, the unfinished runs of
+    Table 2 before the other methods' estimates, those before the rest of the grid's seeds; a
+    network's stage is done once every layer point has its remainder row, the ceiling once a
+    candidate passed."""
+    from infopro.reproduce import REMAINDER_REFERENCE
+
+    runs = tmp_path / "runs"
+    for network in ("e2e-K1", "greedy-K4", "infopro-contrast-K2"):
+        (runs / f"cifar10-jpeg-resnet32-{network}-s0").mkdir(parents=True)
+        (runs / f"cifar10-jpeg-resnet32-{network}-s0" / "model.pt").touch()
+    partial = runs / "cifar10-jpeg-resnet32-greedy-K2-s1"
+    partial.mkdir()
+    (partial / "metrics.csv").write_text("epoch\n1\n")
+    plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
+    assert list(plan)[7:] == ["remainder-ceiling", "remainder:e2e-K1", "remainder:greedy-K4", "dgl-seed0",
+                              "table2-unfinished", "table2", "remainder:infopro-contrast-K2", "dgl"]
+    unfinished = plan["table2-unfinished"].command(5.0)
+    assert unfinished[unfinished.index("--only") + 1:] == ["cifar10-jpeg-resnet32-greedy-K2-s1"]
+    layers = plan["remainder:greedy-K4"].command(5.0)
+    assert layers[layers.index("--only") + 1] == "cifar10-jpeg-resnet32-greedy-K4-s0"
+    analysis = tmp_path / "analysis"
+    analysis.mkdir()
+    rows = pd.DataFrame({"run_id": "cifar10-jpeg-resnet32-greedy-K4-s0", "layer": range(1, 17), "estimator": "1c2f"})
+    rows.to_csv(analysis / "mutual_information.csv", index=False)
+    assert not plan["remainder:greedy-K4"].done()
+    rows.assign(estimator="remainder").to_csv(analysis / "mutual_information.csv", index=False)
+    assert plan["remainder:greedy-K4"].done() and not plan["remainder:e2e-K1"].done()
+    ceiling = pd.DataFrame({"run_id": [REMAINDER_REFERENCE], "rem_epochs": [30], "within_2_points": [False]})
+    ceiling.to_csv(analysis / "remainder_ceiling.csv", index=False)
+    assert not plan["remainder-ceiling"].done()
+    ceiling.assign(within_2_points=True).to_csv(analysis / "remainder_ceiling.csv", index=False)
+    assert plan["remainder-ceiling"].done()
