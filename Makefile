@@ -9,7 +9,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: help setup test status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
+.PHONY: help setup test status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
 
 .DEFAULT_GOAL := help
 # `make` alone lists the targets: the text after `## ` on each rule's line.
@@ -23,12 +23,13 @@ setup:  ## install the CPU torch and this package with its dev tools
 test:  ## run the tests (CPU only)
 	$(PYTHON) -m pytest
 
-# RECIPE (fig7, fig8, fig10, fig_info_plane, fig_curves): draw the recipe whose label contains it, e.g. RECIPE="160 epochs", as <target>-160-epochs.
+# RECIPE (fig7, fig8, fig10, fig_info_plane, fig_curves, table2): instead of the paper's recipe (the default), draw
+# the recipe whose label contains it, or RECIPE=fixture (the 12-epoch CPU toy), as <target>-fixture.
 RECIPE ?=
 # ARCH (the same figures and table2): draw that network's runs, e.g. ARCH=resnet110, as <target>-resnet110.
 ARCH ?=
 FIGURES = fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule
-TABLES = table2 table3 table_schedule table_paired table_e2e_gap
+TABLES = table2 table3 table_schedule table_paired table_e2e_gap claims
 # ESTIMATOR (fig10, fig_info_plane): remainder (the paper's units; default where it has rows) or 1c2f, as <target>-<ESTIMATOR>.
 ESTIMATOR ?=
 BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)") $(if $(ARCH),--arch $(ARCH)) \

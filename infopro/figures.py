@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from infopro import plots, tables
+from infopro import claims, plots, tables
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.paired import read_predictions
@@ -234,6 +234,14 @@ def table3(results) -> tuple[pd.DataFrame, str]:
                          load_idle(results, bench))
 
 
+def claims_table(results) -> tuple[pd.DataFrame, str]:
+    """The paper's claims with our verdicts (infopro/claims.py), from the default rows of every target."""
+    bench = tables.measured_rows(table3_bench(results))
+    return claims.claims(load_runs(results), load_probes(results), estimator_rows(load_mutual_info(results), None),
+                         bench, tables.memory_column(bench)[0], load_reference(results, "table2"),
+                         load_reference(results, "analysis_figure"), load_reference(results, "table3"))
+
+
 def runs_or_empty(results) -> pd.DataFrame:
     """Finished runs, or an empty table: memory results stand without test errors."""
     return runs_table(Path(results) / "runs")
@@ -245,10 +253,14 @@ def load_reference(results, name: str) -> pd.DataFrame:
                       "each with its source)", keep_default_na=False, na_values=[""])
 
 
+# Names of the committed recipes: the paper's (the default) and the CPU fixture's (a toy, on request).
+RECIPE_NAMES = {"paper": "160 epochs", "fixture": "12 epochs"}
+
+
 def recipe_rows(df: pd.DataFrame, text: str) -> pd.DataFrame:
-    """The rows of the one recipe whose label contains `text` (e.g. "160 epochs"), for a figure of a
-    recipe that does not yet cover the most configurations (the figures' default, plots.main_recipe)."""
-    recipes = sorted(recipe for recipe in df["recipe"].unique() if text in recipe)
+    """The rows of the one recipe whose label contains `text` (e.g. "160 epochs", or a name of
+    RECIPE_NAMES), for a figure of another recipe than the default (plots.main_recipe)."""
+    recipes = sorted(recipe for recipe in df["recipe"].unique() if RECIPE_NAMES.get(text, text) in recipe)
     if len(recipes) != 1:
         found = "several recipes match" if recipes else "no recipe matches"
         raise InfoProError(f"{found} --recipe {text!r}; the recipes in results are: "
@@ -302,17 +314,18 @@ FIGURES = {
     "fig_memory": lambda r, pick: memory_figure(r),
     "fig_schedule": lambda r, pick: plots.fig_schedule(*load_schedule_analysis(r)),
 }
-# The figures that show one recipe of the runs.
-RECIPE_FIGURES = ("fig7", "fig8", "fig10", "fig_info_plane", "fig_curves")
+# The targets that show one recipe of the runs.
+RECIPE_FIGURES = ("fig7", "fig8", "fig10", "fig_info_plane", "fig_curves", "table2")
 TABLES = {
     "table2": lambda r, pick: tables.table2(pick(load_runs(r)), load_reference(r, "table2")),
     "table3": lambda r, pick: table3(r),
     "table_schedule": lambda r, pick: tables.schedule_check(load_schedule_pairs(r)),
     "table_paired": lambda r, pick: tables.paired(load_test_predictions(r)),
     "table_e2e_gap": lambda r, pick: tables.e2e_gap(load_test_predictions(r)),
+    "claims": lambda r, pick: claims_table(r),
 }
 TARGETS = (*FIGURES, *TABLES)
-ARCH_TARGETS = (*RECIPE_FIGURES, "table2")  # the targets that show one network of the runs
+ARCH_TARGETS = RECIPE_FIGURES  # the targets that show one network of the runs
 ESTIMATOR_TARGETS = ("fig10", "fig_info_plane")  # the targets that show one estimator of I(h,x), I(h,y)
 
 
@@ -325,7 +338,7 @@ def build(target: str, results="results", recipe: str | None = None, arch: str |
           estimator: str | None = None) -> list[Path]:
     """Build one figure (results/figures/<target>.png and .pdf) or table (results/tables/<target>.*).
 
-    With `recipe`, a figure of RECIPE_FIGURES shows the runs of the recipe whose label contains
+    With `recipe`, a target of RECIPE_FIGURES shows the runs of the recipe whose label contains
     that text; with `arch`, a target of ARCH_TARGETS shows that network's runs (where another
     network covers more configurations). Either writes <target>[-<arch>][-<recipe, slugged>].*,
     beside the default. With `estimator`, fig10 and fig_info_plane draw that estimator's rows, as

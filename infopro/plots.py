@@ -55,15 +55,14 @@ def training_by_recipe(df: pd.DataFrame, by=("recipe",)) -> pd.Series:
 
 
 def main_recipe(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Rows of the architecture and recipe a figure shows, and the recipe's label: the pair covering
-    the most configurations (method, K, split), the most-trained (images x epochs) among those.
+    """Rows of the architecture and recipe a figure shows by default, and the recipe's label: the
+    most-trained recipe (images x epochs: the paper's, 160 epochs on the whole training set), then the
+    one covering the most configurations (method, K, split).
 
-    results/ holds a small CPU fixture of every configuration next to the paper-recipe grid,
-    which lands a few runs per GPU lease. A figure compares methods, so a recipe replaces the
-    fixture once it covers as many configurations, not with its first run; the footer says
-    which architecture and recipe are shown, and Table 2 shows every recipe. A recipe's label
-    does not name the network, so ResNet-110 runs of the paper's recipe are told from
-    ResNet-32's by `arch`; on a tie the paper's analysis network, ResNet-32, is shown.
+    results/ also holds a small CPU fixture of every configuration; it is a toy for CPU demos and
+    tests, drawn only on request (`--recipe fixture`). A recipe's label does not name the network,
+    so ResNet-110 runs of the paper's recipe are told from ResNet-32's by `arch`; on a tie the
+    paper's analysis network, ResNet-32, is shown.
     """
     if df.empty:
         return df, ""
@@ -71,7 +70,7 @@ def main_recipe(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     configurations = df.drop_duplicates([*keys, "method", "K", "split"]).groupby(keys).size()
     training = training_by_recipe(df, keys)
     arch, recipe = max(configurations.index,
-                       key=lambda key: (configurations[key], training[key], key[0] == ANALYSIS_FIGURE_ARCH))
+                       key=lambda key: (training[key], configurations[key], key[0] == ANALYSIS_FIGURE_ARCH))
     return df[(df["arch"] == arch) & (df["recipe"] == recipe)], recipe
 
 

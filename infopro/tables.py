@@ -13,7 +13,7 @@ import pandas as pd
 from infopro.bench import WHOLE_NETWORK
 from infopro.errors import InfoProError
 from infopro.paired import paired_comparisons
-from infopro.plots import (METHODS, commits, equal_depth, figure_rows, main_recipe, measured_rows,
+from infopro.plots import (METHODS, commits, figure_rows, main_recipe, measured_rows,
                            remeasured_times, training_by_recipe, with_method)
 from infopro.records import atomic_write
 
@@ -26,18 +26,12 @@ def mean_std(mean: float, std: float) -> str:
 
 
 def table2(runs: pd.DataFrame, reference: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Rows per (method, K): ours (mean ± std, n) for every recipe in results/, most-trained first,
-    beside the paper's, with each recipe's difference; returns (table, caption).
-
-    Every recipe has its columns, so the paper-recipe runs show here from the first one that
-    lands, beside the CPU fixture that covers every configuration.
-    """
-    arch = figure_rows(runs)[0]["arch"].iloc[0]
-    runs = equal_depth(with_method(runs))
-    runs = runs[runs["arch"] == arch]
-    names = recipe_names(runs)
+    """Rows per (method, K): ours (mean ± std, n) for the recipe the figures show (the paper's by
+    default, `figure_rows`) beside the paper's, with the difference; returns (table, caption)."""
+    runs = figure_rows(runs)[0]
+    arch, names = runs["arch"].iloc[0], recipe_names(runs)
     paper = with_method(reference[(reference["arch"] == arch) & (reference["dataset"] == "cifar10")])
-    merged = runs[["method", "K"]].drop_duplicates()
+    merged = pd.concat([runs[["method", "K"]], paper[["method", "K"]]]).drop_duplicates()  # the paper's rows stay
     for recipe in names:
         ours = runs[runs["recipe"] == recipe].groupby(["method", "K"])["final_test_error"].agg(["mean", "std", "count"])
         merged = merged.merge(ours.add_suffix(f" {recipe}").reset_index(), on=["method", "K"], how="left")
