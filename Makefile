@@ -9,7 +9,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: help setup test status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
+.PHONY: help setup test check test-slow status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
 
 .DEFAULT_GOAL := help
 # `make` alone lists the targets: the text after `## ` on each rule's line.
@@ -20,8 +20,14 @@ help:  ## this list
 setup:  ## install the CPU torch and this package with its dev tools
 	$(PYTHON) -m pip install torch==2.13.0 -e ".[dev]"
 
-test:  ## run the tests (CPU only)
+test:  ## run the code's tests (CPU only, minutes)
 	$(PYTHON) -m pytest
+
+check:  ## check the committed results and docs: tables rebuild, columns documented, links, notebooks
+	$(PYTHON) -m pytest -m check
+
+test-slow:  ## the slow equivalence tests (multi-process training, fresh-process benchmarks)
+	$(PYTHON) -m pytest -m slow
 
 # RECIPE (fig7, fig8, fig10, fig_info_plane, fig_curves, table2): instead of the paper's recipe (the default), draw
 # the recipe whose label contains it, or RECIPE=fixture (the 12-epoch CPU toy), as <target>-fixture.

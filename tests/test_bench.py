@@ -139,6 +139,7 @@ def test_work_is_counted_beside_e2e_even_when_e2e_is_not_asked_for(tmp_path):
     assert list(work.index) == ["e2e", "greedy:2"] and work.loc["e2e", "step_operators_vs_e2e"] == 1
 
 
+@pytest.mark.slow
 def test_quick_cpu_benchmark_measures_each_method_in_a_fresh_process(tmp_path):
     result = run_cli("experiments.bench", "--device", "cpu", "--quick", "--arch", "resnet32", "--methods", "e2e",
                      "infopro:2", "offload", "--measure", "steps", "pipeline", "work", "profile",

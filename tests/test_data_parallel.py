@@ -14,6 +14,8 @@ from infopro.distributed import spawn_ranks
 from infopro.errors import InfoProError
 from infopro.train import TrainConfig, build_net, check_batches, train, train_step
 
+pytestmark = pytest.mark.slow  # one process per replica: minutes on 2 cores (make test-slow)
+
 BATCH = 41  # odd: the ranks' shards differ in size
 STEP_CASES = [
     ("e2e", 1, None, {}, 2),

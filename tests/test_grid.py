@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from conftest import REPO, assert_free, run_cli, run_main, unfinished_copy
 from infopro.grid import (RunStatus, get_grid, measure_jobs, run_grid, run_state, run_status, time_left_line,
@@ -22,6 +23,7 @@ TINY = dict(dataset="synthetic", train_subset=100, test_subset=50, epochs=2, bat
 CONFIGS = [TrainConfig(regime="e2e", **TINY), TrainConfig(regime="greedy", K=2, **TINY)]
 
 
+@pytest.mark.slow
 def test_a_grid_runs_its_runs_resumes_partial_ones_and_skips_finished_ones(tmp_path):
     train(CONFIGS[1], tmp_path / CONFIGS[1].run_id(), device="cpu", stop_after_epoch=1, log=lambda line: None)
     assert [run_state(c, tmp_path) for c in CONFIGS] == ["missing", "partial (1/2 epochs)"]
@@ -46,6 +48,7 @@ def test_a_budget_too_short_for_a_run_starts_nothing_and_says_so(tmp_path):
     assert not any(path.name != "logs" for path in tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_failing_run_is_reported_with_its_message_and_the_others_go_on(tmp_path):
     missing_data = TrainConfig(regime="e2e", **{**TINY, "dataset": "cifar10"})
     lines = []
@@ -57,6 +60,7 @@ def test_a_failing_run_is_reported_with_its_message_and_the_others_go_on(tmp_pat
     assert any("missing (exit 2: error:" in line and "CIFAR-10" in line for line in lines), lines
 
 
+@pytest.mark.slow
 def test_a_grid_started_elsewhere_trains_into_the_folders_it_was_given(tmp_path, monkeypatch):
     """The trainings run in the repository root; relative paths must still mean the caller's folders."""
     monkeypatch.chdir(tmp_path)
@@ -86,6 +90,7 @@ def test_the_command_line_refuses_missing_data_before_any_run_and_fails_when_a_r
                              f"their logs are in {tmp_path / 'b' / 'logs'})\n")
 
 
+@pytest.mark.slow
 def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):
     rows, trained_with = measure_jobs(CONFIGS[0], [1, 2], tmp_path, device="cpu")
     assert [row["jobs"] for row in rows] == [1, 2] and sum(row["best"] for row in rows) == 1
@@ -209,6 +214,7 @@ def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
     assert refused.returncode == 2 and refused.stderr.strip() == "error: no configuration of the grid matches K3-"
 
 
+@pytest.mark.slow
 def test_a_terminated_grid_stops_its_trainings_and_frees_their_runs(tmp_path):
     """`kill` on a grid must not leave its trainings running alone, holding their runs' locks."""
     long = {**TINY, "epochs": 1000}

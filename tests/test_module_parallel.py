@@ -21,6 +21,8 @@ from infopro.distributed import spawn_ranks
 from infopro.module_parallel import ideal_speedup
 from infopro.train import TrainConfig, train
 
+pytestmark = pytest.mark.slow  # one process per rank: minutes on 2 cores (make test-slow)
+
 SMALL = dict(dataset="synthetic", train_subset=192, test_subset=64, epochs=2, batch_size=64, lr=0.05,
              warmup_epochs=0)
 

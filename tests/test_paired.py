@@ -122,6 +122,7 @@ def test_dgl_is_paired_with_e2e_but_not_in_the_comparison_of_infopro_with_greedy
     assert tables.paired(runs)[0]["method"].tolist() == ["InfoPro (Contrast)"]
 
 
+@pytest.mark.slow
 def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_images(tmp_path):
     train(TINY, tmp_path / "runs" / "greedy", device="cpu", log=quiet)
     infopro = TrainConfig(**{**TINY.__dict__, "regime": "infopro", "task_loss": "softmax"})
@@ -151,6 +152,7 @@ def test_scored_runs_reproduce_their_recorded_error_and_pair_on_the_held_out_ima
     assert "re-scores its recorded error exactly" in caption
 
 
+@pytest.mark.slow
 def test_runs_without_weights_are_compared_from_what_their_training_recorded(tmp_path):
     whole = {**TINY.__dict__, "test_subset": None}
     train(TrainConfig(**whole), tmp_path / "runs" / "greedy", device="cpu", log=quiet)

@@ -137,19 +137,6 @@ def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_the_plan_says_what_the_grid_status_says_is_left_of_the_committed_grid():
-    """One command to plan a lease with: each grid stage ends with `grid --status`'s two totals."""
-    results = REPO / "results"
-    plan = run_main("experiments.reproduce", "--plan", "--results", str(results))
-    assert plan.returncode == 0
-    lines = plan.stdout.splitlines()
-    for stage, grid in (("table2", "table2-resnet32"), ("dgl", "table2-dgl-resnet32")):
-        status = run_main("experiments.grid", grid, "--dataset", "cifar10-jpeg", "--status", "--out", str(results / "runs"))
-        first = [n for n, line in enumerate(lines) if line.startswith(f"to do  {stage} ")][0]
-        assert status.returncode == 0
-        assert [line.strip() for line in lines[first + 1:][:2]] == status.stdout.splitlines()[-2:]
-
-
 def stand_in_gpu(monkeypatch, reproduce) -> None:
     """Let `experiments.reproduce` run its stages here: the CPU stands in for the GPU, a commit for git."""
     monkeypatch.setattr(reproduce, "resolve_device", lambda *args, **kwargs: torch.device("cpu"))

@@ -111,6 +111,7 @@ def test_the_replayed_data_must_be_the_recorded_data(finished, tmp_path):
     assert not (tmp_path / "work").exists()  # refused before training
 
 
+@pytest.mark.slow
 def test_cli_exit_codes(finished, tmp_path):
     path, _ = finished
     work = ["--work", str(tmp_path / "work")]

@@ -1,0 +1,180 @@
+"""Checks of the committed results and of the docs, run by `make check` (marked `check`, so the
+code's tests, `python -m pytest`, leave them out): every table rebuilds to the character, the
+README shows the generated tables, every column and link is accounted for, every notebook runs,
+`make fig8` works right after set-up, and the GPU plan agrees with the grid's status."""
+
+import re
+import shutil
+import subprocess
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+from jupyter_client import KernelManager
+from nbclient import NotebookClient
+
+from conftest import REPO, run_main
+from infopro.figures import TARGETS, build
+from infopro.bench import allocator_calls
+from infopro.records import read_json
+from infopro.runs import find_runs
+from infopro.trace import Span, gpu_idle
+
+pytestmark = pytest.mark.check
+RESULTS = REPO / "results"
+README_TABLES = ("claims", "table2")  # the generated tables the README shows
+
+
+@pytest.fixture(scope="module")
+def results_copy(tmp_path_factory):
+    """The committed results without model weights, so checks never touch the repository."""
+    copy = tmp_path_factory.mktemp("results")
+    shutil.copytree(RESULTS, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    return copy
+
+
+def test_every_column_the_gpu_only_csvs_will_hold_is_documented():
+    """The idle CSV and the allocator counts are written on a GPU only, so the test that reads every
+    committed column cannot see them before a lease commits them: check their names here."""
+    idle = gpu_idle([Span("a", 0, 10, 1), Span("b", 15, 20, 2)], [Span("cudaLaunchKernel", 12, 13, 2)], steps=1)
+    names = set(idle) | {"error"} | {f"{key}_in_timed_steps" for key in allocator_calls(torch.device("cpu"))}
+    documented = (RESULTS / "README.md").read_text()
+    assert sorted(name for name in names if f"`{name}`" not in documented) == []
+
+
+def test_the_plan_says_what_the_grid_status_says_is_left_of_the_committed_grid():
+    """One command to plan a lease with: each grid stage ends with `grid --status`'s two totals."""
+    results = RESULTS
+    plan = run_main("experiments.reproduce", "--plan", "--results", str(results))
+    assert plan.returncode == 0
+    lines = plan.stdout.splitlines()
+    for stage, grid in (("table2", "table2-resnet32"), ("dgl", "table2-dgl-resnet32")):
+        status = run_main("experiments.grid", grid, "--dataset", "cifar10-jpeg", "--status", "--out", str(results / "runs"))
+        first = [n for n, line in enumerate(lines) if line.startswith(f"to do  {stage} ")][0]
+        assert status.returncode == 0
+        assert [line.strip() for line in lines[first + 1:][:2]] == status.stdout.splitlines()[-2:]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_target_builds_from_the_committed_results(target, results_copy):
+    paths = build(target, results_copy)
+    assert paths and all(path.stat().st_size > 0 for path in paths)
+
+
+def test_make_fig8_works_right_after_set_up(tmp_path):
+    shutil.copytree(RESULTS, tmp_path / "results", ignore=shutil.ignore_patterns("*.pt", "logs", "figures"))
+    result = subprocess.run(["make", "fig8", f"RESULTS={tmp_path / 'results'}"], cwd=REPO,
+                                          capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "results" / "figures" / "fig8.png").stat().st_size > 10_000
+
+
+def test_committed_results_are_real_runs_with_provenance():
+    runs = find_runs(RESULTS / "runs")
+    assert runs, "results/runs holds no finished run"
+    for run in runs + find_runs(RESULTS / "schedule-check"):
+        provenance = run.record["provenance"]
+        assert provenance["git_commit"] not in ("", "unknown") and provenance["git_dirty"] is False
+        assert run.record["dataset"]["name"] in ("cifar10", "cifar10-jpeg", "synthetic")
+    fixture, everywhere = {run.run_id for run in runs}, {run.run_id for run in find_runs(RESULTS)}
+    for name, analysed in (("linear_probe.csv", fixture), ("mutual_information.csv", fixture),
+                           ("schedule-check/linear_probe.csv", everywhere),
+                           ("schedule-check/mutual_information.csv", everywhere),
+                           ("test_predictions.csv", everywhere)):
+        rows = pd.read_csv(RESULTS / "analysis" / name)
+        assert set(rows["run_id"]) <= analysed, name
+        assert not rows["analysis_dirty"].any(), f"{name}: rows made from an uncommitted source tree"
+
+
+def test_every_scored_network_has_its_weights_committed():
+    """table_paired and table_e2e_gap can be remade from a clone: `make test-predictions` finds every
+    network they re-scored (the others enter from their training's record, `scored_from` summary.json)."""
+    predictions = pd.read_csv(RESULTS / "analysis" / "test_predictions.csv")
+    scored = set(predictions.loc[predictions["scored_from"] == "model.pt", "run_id"])
+    assert scored == {run.run_id for run in find_runs(RESULTS) if run.has_weights}
+
+
+def record_names(results) -> set[str]:
+    """Every column of the committed record CSVs and every key of the runs' JSON files, a module's
+    index written `<k>` (`loss_m3` -> `loss_m<k>`). The tables' human-readable headers are not records."""
+    def keys(record: dict):
+        for key, value in record.items():
+            yield key
+            if isinstance(value, dict):
+                yield from keys(value)
+
+    csvs = [path for folder in ("analysis", "bench", "reference") for path in (results / folder).rglob("*.csv")]
+    csvs += list(results.rglob("metrics.csv"))
+    names = {column for path in csvs for column in pd.read_csv(path, nrows=0).columns}
+    names |= {key for name in ("config.json", "summary.json", "weights.json") for path in results.rglob(name)
+              for key in keys(read_json(path))}
+    return {re.sub(r"_m\d+$", "_m<k>", name) for name in names}
+
+
+def test_every_committed_result_column_is_documented():
+    names = record_names(RESULTS)
+    assert {"ixx_normalised", "loss_m<k>", "provenance", "final_test_error"} <= names  # the walk reaches every kind
+    documented = (RESULTS / "README.md").read_text()
+    assert sorted(name for name in names if f"`{name}`" not in documented) == []
+
+
+def test_committed_tables_are_rebuilt_unchanged_and_the_readme_shows_them(results_copy):
+    """No table number is typed by hand: each is what `make` builds from the committed results, and
+    the README's copies (the claims and Table 2) are the generated ones to the character."""
+    readme = (REPO / "README.md").read_text()
+    for target in ("claims", "table2", "table3", "table_schedule", "table_paired", "table_e2e_gap"):
+        for path in build(target, results_copy):
+            assert path.read_text() == (RESULTS / "tables" / path.name).read_text(), f"{path.name}: rebuild differs"
+    for target in README_TABLES:
+        assert (RESULTS / "tables" / f"{target}.md").read_text().strip() in readme, f"README's {target} is stale"
+
+
+def test_the_readme_stays_a_front_page():
+    """Under 250 lines, and no commit hashes: provenance lives in the result files."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 250
+    assert re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", readme) == []
+
+
+def github_anchor(heading: str) -> str:
+    """The fragment GitHub gives a Markdown heading: lower case, punctuation but - and _ dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", ["README.md", "results/README.md", "results/NOTES.md",
+                                  *sorted(str(path.relative_to(REPO)) for path in (REPO / "docs").glob("*.md"))])
+def test_every_link_of_the_readmes_leads_somewhere(page):
+    """A section renamed or moved, or a figure renamed, would break its links without a word."""
+    text = (REPO / page).read_text()
+    anchors = {github_anchor(heading) for heading in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+    assert [anchor for anchor in re.findall(r"\]\(#([^)]+)\)", text) if anchor not in anchors] == []
+    paths = re.findall(r"\]\(([^)#:]+)\)", text)  # files of the repository, not web addresses
+    assert [path for path in paths if not (REPO / page).parent.joinpath(path).exists()] == []
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """One Jupyter kernel for every notebook: starting one and importing torch, pandas and matplotlib
+    in it took 5 of each notebook's 8 s. Each notebook begins by clearing the names the previous one
+    left (`%reset -f`), so one that forgets an import still fails."""
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(REPO / "notebooks"))
+    yield manager
+    manager.shutdown_kernel(now=True)
+
+
+@pytest.mark.parametrize("notebook", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_notebooks_execute_headless(notebook, kernel):
+    book = nbformat.read(notebook, as_version=4)
+    book.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))
+    client = NotebookClient(book, km=kernel, timeout=300)
+    try:
+        client.execute()
+    finally:
+        client.kc.stop_channels()
+    outputs = [o for cell in book.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    if notebook.stem.startswith("fig"):
+        assert any("image/png" in o.get("data", {}) for o in outputs)
+
