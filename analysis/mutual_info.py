@@ -5,7 +5,7 @@
 
 Writes one row per (run, layer point) to results/analysis/mutual_information.csv; the
 estimators and their units are described in infopro/mi.py and the README. The paper's
-finding for greedy SL (facts §5): both quantities drop within the first modules and are
+finding for greedy SL (docs/paper.md): both quantities drop within the first modules and are
 not regained; in E2E networks I(h,y) stays flat while I(h,x) falls slowly. Measured cost
 on 2 CPU cores: about 15 s per layer point with --train-subset 2000 --test-subset 1000
 --epochs 10 (4 min per ResNet-32 run); on a GPU not yet measured.

@@ -5,7 +5,7 @@
 
 Writes one row per (run, layer point) to results/analysis/linear_probe.csv (see
 infopro/probes.py for the protocol). The paper's read-off values for greedy SL ResNet-32
-(facts §5): at the last layer the probe error is close to the network's test error; early
+(docs/paper.md): at the last layer the probe error is close to the network's test error; early
 layers of greedy SL with large K are far more separable than E2E's. Measured cost on 2 CPU
 cores: 25 s per ResNet-32 run on 12,000 images (the fixture), about 1.5 min per run of the
 paper's recipe (50,000 training images); on a GPU not yet measured.

@@ -3,7 +3,7 @@
     python -m experiments.grid table2-resnet32 --seeds 0 1 2 --jobs 3 --time-budget 25 --out results/runs
     python -m experiments.grid table2-resnet32 --dataset cifar10-jpeg --status   # the committed runs
     python -m experiments.grid cpu-fixture --seeds 2 --only K2- --out results/runs    # some configurations
-    python -m experiments.grid cpu-fixture --data-root ../shared/data --out results/runs
+    python -m experiments.grid cpu-fixture --data-root .data --out results/runs
     python -m experiments.grid table2-resnet32 --measure-jobs 1 2 3 4 6     # which --jobs fills the GPU
 
 `--measure-jobs` runs N copies of the grid's first configuration at once for 2 epochs, for each

@@ -9,7 +9,7 @@ it spawns the K ranks itself. On CPU the ranks talk over gloo; on GPUs over NCCL
 rank has its own GPU, else over gloo through host memory (several ranks may share a GPU).
 The weights are those of experiments.train for the same config (infopro/module_parallel.py
 says why), so its runs feed Table 2 and the analysis like any other. The paper reports
-Asy-InfoPro on ResNet-110 at K = 2 / 4: 7.34 / 8.39% test error (facts §6).
+Asy-InfoPro on ResNet-110 at K = 2 / 4: 7.34 / 8.39% test error (docs/paper.md).
 """
 
 from functools import partial

@@ -37,7 +37,7 @@ CLASSES = ("airplane", "automobile", "bird", "cat", "deer",
            "dog", "frog", "horse", "ship", "truck")
 IMAGE_SHAPE = (3, 32, 32)
 
-# Normalisation of the paper's code (facts §1): per-channel mean and std of CIFAR-10 in [0, 1].
+# Normalisation of the paper's code (docs/paper.md): per-channel mean and std of CIFAR-10 in [0, 1].
 MEAN = (125.3 / 255, 123.0 / 255, 113.9 / 255)
 STD = (63.0 / 255, 62.1 / 255, 66.7 / 255)
 
@@ -221,8 +221,8 @@ def find_cifar10_jpeg(root: Path) -> Path:
         if candidate.is_file() and candidate.name.endswith(".tar.gz"):
             return candidate
     raise DataError(f"cifar10-jpeg not found in {root}/ (expected {JPEG_ARCHIVE} or a folder with "
-                    f"train/<class>/ and test/<class>/); copy it there, e.g. "
-                    f"`mkdir -p .data && cp ../shared/data/{JPEG_ARCHIVE} .data/`, or pass --data-root PATH")
+                    f"train/<class>/ and test/<class>/); put it there (`mkdir -p .data` and copy "
+                    f"{JPEG_ARCHIVE} into it), or pass --data-root PATH")
 
 
 def cache_dir() -> Path:

@@ -146,7 +146,7 @@ class DGLObjective(nn.Module):
     conv-BN-ReLU at C channels, average pooling to 2x2, then three Linear-BN-ReLU of width 4C
     and a linear layer to the classes: the "mlp-sr" auxiliary problem of DGL's own code
     (eugenium/DGL, auxiliary_nets_study). The InfoPro paper does not say which auxiliary net its
-    DGL row used (facts §3); this is DGL's, so the row tests DGL as its authors defined it.
+    DGL row used (docs/paper.md); this is DGL's, so the row tests DGL as its authors defined it.
     """
 
     def __init__(self, in_channels: int, size: int, num_classes: int):

@@ -2,7 +2,7 @@
 
 Module k needs nothing from module k+1 (no gradient crosses a module boundary), so rank k
 can train module k on batch t while rank k+1 trains module k+1 on batch t-1: a pipeline,
-the paper's asynchronous InfoPro (Asy-InfoPro, facts §6), which its authors never released.
+the paper's asynchronous InfoPro (Asy-InfoPro, docs/paper.md), which its authors never released.
 
 Rank k owns module k's backbone layers, its objective (on the last rank: the head) and an
 SGD optimizer over exactly those parameters. Rank 0 holds the data and draws every batch as

@@ -1,12 +1,12 @@
 """Where the network is cut into K local modules, and the paper's per-K loss weights: as data.
 
 Split tables are transcribed from the paper's `configs.py` in its own `[stage, block]`
-notation (facts §2.3-2.5): a local module ends right after block `block` (0-based) of stage
+notation (docs/paper.md): a local module ends right after block `block` (0-based) of stage
 `stage`, stage 0 being the stem. `module_ends` converts them into layer points (1-based;
 the stem is point 1), which is how the rest of this repository addresses the network.
 
 Loss weights λ1 (reconstruction, i.e. I(h,x)) and λ2 (task term, i.e. I(h,y)) are given for
-the first local module and for module K-1, and interpolated linearly in between (facts §4.7).
+the first local module and for module K-1, and interpolated linearly in between (docs/paper.md).
 """
 
 from dataclasses import dataclass

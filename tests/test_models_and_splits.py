@@ -1,4 +1,4 @@
-"""Architecture and split tables against the paper (facts §2)."""
+"""Architecture and split tables against the paper (docs/paper.md)."""
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ def test_intermediates_are_the_forward_pass():
     assert torch.allclose(net.head(features[16]), net(x))
 
 
-# Module ends as "ends after global block g" in facts §2.3-2.5; layer point L = g + 1, stem = 1.
+# Module ends as "ends after global block g" in the paper's code; layer point L = g + 1, stem = 1.
 PAPER_ENDS = {
     ("resnet32", "paper", 2): [7], ("resnet32", "paper", 3): [5, 10], ("resnet32", "paper", 4): [3, 7, 11],
     ("resnet32", "paper", 8): [1, 3, 5, 7, 9, 11, 13], ("resnet32", "paper", 16): list(range(0, 15)),
@@ -67,7 +67,7 @@ def test_loss_weights_interpolate_linearly_between_first_and_last_module():
 
 
 def test_auxiliary_head_and_decoder_match_the_paper():
-    # facts §4.5: 16 ch @32 -> conv 16->32 s2; 32 ch @16 -> 32->64 s2; 64 ch @8 -> 64->64 s1.
+    # docs/paper.md: 16 ch @32 -> conv 16->32 s2; 32 ch @16 -> 32->64 s2; 64 ch @8 -> 64->64 s1.
     for channels, size, out, stride in [(16, 32, 32, 2), (32, 16, 64, 2), (64, 8, 64, 1)]:
         conv, fc1, fc2 = (m for m in AuxHead(channels, size, 128).modules()
                           if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)))
