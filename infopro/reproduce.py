@@ -24,7 +24,6 @@ from infopro.cli import call
 from infopro.grid import get_grid, run_state, run_status, status_summary
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
-from infopro.remainder import RemainderSettings
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
