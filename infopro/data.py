@@ -20,6 +20,7 @@ import os
 import pickle
 import tarfile
 import urllib.request
+import zipfile
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -252,8 +253,8 @@ def read_cifar10_jpeg_cached(source: Path) -> tuple[Split, Split]:
             with np.load(cache) as arrays:
                 return (as_split(arrays["train_images"], arrays["train_labels"], str(cache)),
                         as_split(arrays["test_images"], arrays["test_labels"], str(cache)))
-        except (OSError, ValueError, KeyError, zlib.error, EOFError):
-            pass  # a damaged cache is rebuilt from the source below
+        except (OSError, ValueError, KeyError, zlib.error, EOFError, zipfile.BadZipFile):
+            pass  # a damaged cache (a truncated copy, a full disk) is rebuilt from the source below
     train, test = read_cifar10_jpeg(source)
     buffer = io.BytesIO()
     np.savez(buffer, train_images=train.images.numpy(), train_labels=train.labels.numpy(),

@@ -79,6 +79,17 @@ def test_cifar10_jpeg_tree_archive_and_cache(tmp_path):
     assert data.load_dataset("cifar10-jpeg", archive).fingerprint == from_archive.fingerprint
 
 
+def test_a_truncated_cache_is_rebuilt_from_its_source(tmp_path):
+    """A cache cut short (a full disk, a copy interrupted) once ended every later run in a
+    zipfile.BadZipFile traceback until it was deleted by hand."""
+    archive = write_targz(tmp_path / "cifar10-jpeg.tar.gz", jpeg_tree_files())
+    whole = data.load_dataset("cifar10-jpeg", archive)
+    (cache,) = data.cache_dir().glob("cifar10-jpeg-*.npz")
+    cache.write_bytes(cache.read_bytes()[:1000])
+    assert data.load_dataset("cifar10-jpeg", archive).fingerprint == whole.fingerprint
+    assert cache.stat().st_size > 1000
+
+
 def test_cifar10_jpeg_errors(tmp_path):
     with pytest.raises(DataError, match="cifar10-jpeg not found.*--data-root"):
         data.load_dataset("cifar10-jpeg", tmp_path)
