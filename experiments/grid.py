@@ -27,6 +27,7 @@ from pathlib import Path
 from infopro.bench import device_slug, write_measurement
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS, dataset_source
+from infopro.errors import InfoProError
 from infopro.grid import GRIDS, RunsFailed, get_grid, measure_jobs, run_grid, run_state, run_status, status_summary
 from infopro.records import check_writable
 from infopro.train import resolve_device
@@ -56,9 +57,13 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     grid = get_grid(args.grid)
-    overrides = {"dataset": args.dataset} if args.dataset else {}
-    configs = grid.configs(args.seeds, args.only, **overrides)
     root = Path(args.out)
+    if root.exists() and not root.is_dir():
+        raise InfoProError(f"--out {root} is a file; give the folder that holds (or will hold) one directory per run")
+    if args.status and not root.is_dir():
+        raise InfoProError(f"{root}: no such folder of runs")
+    dataset = args.dataset or (dataset_here(grid, args, root) if args.status else None)
+    configs = grid.configs(args.seeds, args.only, **({"dataset": dataset} if dataset else {}))
     if args.status:
         print_status(configs, root)
         return
@@ -75,6 +80,22 @@ def main(argv=None):
     if outcome.failed:
         raise RunsFailed(f"{len(outcome.failed)} of {len(configs)} runs failed: {', '.join(outcome.failed)} "
                          f"(the last line of each is above; their logs are in {root / 'logs'})")
+
+
+def dataset_here(grid, args, root: Path) -> str | None:
+    """For --status without --dataset: the dataset whose runs of the grid `root` holds, when the grid's
+    own has none there and exactly one other has some (said in one line); else None, the grid's own."""
+    def started(dataset):
+        return sum(run_state(config, root) != "missing" for config in grid.configs(args.seeds, args.only,
+                                                                                 dataset=dataset))
+    own = grid.configs(args.seeds, args.only)[0].dataset
+    if started(own):
+        return None
+    others = [dataset for dataset in DATASETS if dataset != own and started(dataset)]
+    if len(others) != 1:
+        return None
+    print(f"no {own} run of {args.grid} in {root}; showing its {others[0]} runs (--dataset picks one)")
+    return others[0]
 
 
 def print_status(configs, root: Path) -> None:

@@ -233,3 +233,22 @@ def test_a_terminated_grid_stops_its_trainings_and_frees_their_runs(tmp_path):
     assert grid.returncode == 143 and err == "terminated: work completed so far is kept\n"
     assert (tmp_path / "logs" / f"{config.run_id()}.log").read_text().endswith("terminated: work completed so far is kept\n")
     assert_free(run)
+
+
+def test_status_finds_the_dataset_of_the_runs_here_and_refuses_a_missing_folder(tmp_path):
+    """The committed runs are cifar10-jpeg's: `--status` without --dataset said "0 done, 0 partial,
+    39 missing" of the grid's cifar10; a folder that does not exist exited 0, and so did a file."""
+    config = get_grid("cpu-fixture").configs(seeds=[0], only=["e2e"], dataset="synthetic")[0]
+    (tmp_path / config.run_id()).mkdir()
+    (tmp_path / config.run_id() / "metrics.csv").write_text("epoch,epoch_seconds\n1,2.0\n")
+    status = run_main("experiments.grid", "cpu-fixture", "--seeds", "0", "--only", "e2e", "--status",
+                      "--out", str(tmp_path))
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0] == f"no cifar10-jpeg run of cpu-fixture in {tmp_path}; showing its synthetic runs (--dataset picks one)"
+    assert lines[1].startswith("partial (1/12 epochs)") and config.run_id() in lines[1]
+    missing = run_main("experiments.grid", "cpu-fixture", "--status", "--out", str(tmp_path / "typo"))
+    assert missing.returncode == 2 and missing.stderr == f"error: {tmp_path / 'typo'}: no such folder of runs\n"
+    (tmp_path / "a-file").write_text("")
+    refused = run_main("experiments.grid", "cpu-fixture", "--out", str(tmp_path / "a-file"), "--status")
+    assert refused.returncode == 2 and refused.stderr.startswith(f"error: --out {tmp_path / 'a-file'} is a file; ")

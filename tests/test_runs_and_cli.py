@@ -203,7 +203,7 @@ def test_a_number_outside_its_range_is_refused_before_any_work(entry_point, args
 @pytest.mark.parametrize("entry_point,args,message", [
     ("experiments.train", ["--regime", "e2e", "--dataset", "synthetic", "--train-subset", "64", "--test-subset", "64",
                            "--epochs", "1"], "FILE is a file, not a run directory; choose another --out"),
-    ("experiments.grid", ["cpu-fixture", "--dataset", "synthetic"], "Not a directory: 'FILE/logs'"),  # an OSError
+    ("experiments.grid", ["cpu-fixture", "--dataset", "synthetic"], "--out FILE is a file; give the folder"),
 ])
 def test_a_file_where_the_output_folder_must_be_is_one_line(entry_point, args, message, tmp_path):
     file = tmp_path / "file"
