@@ -313,12 +313,23 @@ class RunDir:
             raise RunDirError(f"{self.path} already holds this run; pass --resume to continue it")
         checkpoint = self.path / "checkpoint.pt"
         if not checkpoint.exists():
+            self.check_nothing_to_lose()
             return None
         state = load_torch(checkpoint, "delete it to train the run again from its first epoch")
         # Epochs after this point ran on this machine and software: say so beside the first.
         stored.setdefault("resumed", []).append(self.record["provenance"])
         write_json(config_file, stored)
         return state
+
+    def check_nothing_to_lose(self) -> None:
+        """Refuse to train from epoch 1 over a run that trained before: without its checkpoint and its
+        summary, a finished run whose summary.json was lost would otherwise be trained again in silence."""
+        if self.finished:
+            return
+        trained = [name for name in ("model.pt", "metrics.csv") if (self.path / name).exists()]
+        if trained:
+            raise RunDirError(f"{self.path} holds {' and '.join(trained)} but neither summary.json nor checkpoint.pt; "
+                              "restore them from git, or delete the directory to train the run again")
 
     @property
     def finished(self) -> bool:

@@ -225,7 +225,7 @@ def test_corrupt_archive_and_divergence_on_the_command_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("analysis", ["analysis.probe", "analysis.mutual_info", "analysis.test_predictions"])
+@pytest.mark.parametrize("analysis", ["analysis.probe", "analysis.mutual_info", "analysis.score_test_images"])
 def test_an_analysis_of_no_runs_is_an_error_not_an_empty_result(analysis, tmp_path):
     """A mistyped --runs used to analyse nothing and exit 0; the CSV must not be written either."""
     out = tmp_path / "out.csv"
@@ -252,7 +252,7 @@ def test_an_analysis_setting_that_would_mean_nothing_stops_before_any_work(analy
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.csv").exists()
 
 
-@pytest.mark.parametrize("analysis", ["analysis.probe", "analysis.test_predictions"])
+@pytest.mark.parametrize("analysis", ["analysis.probe", "analysis.score_test_images"])
 def test_an_analysis_whose_csv_is_garbled_stops_in_one_line_and_keeps_the_file(analysis, tmp_path):
     """It reads its CSV to skip finished networks: a garbled one was a pandas traceback."""
     out = tmp_path / "out.csv"
@@ -341,3 +341,16 @@ def test_only_source_changes_make_a_record_dirty(tmp_path):
     assert git_state(tmp_path)["git_dirty"] is False
     (tmp_path / "model.py").write_text("x = 2\n")
     assert git_state(tmp_path)["git_dirty"] is True
+
+
+def test_resume_refuses_a_run_that_lost_its_summary_instead_of_training_it_again(tmp_path):
+    """A finished run whose summary.json was deleted has no checkpoint either: `--resume` used to train
+    it from epoch 1 without a word, overwriting model.pt and metrics.csv."""
+    config = TrainConfig(regime="e2e", dataset="synthetic", train_subset=64, test_subset=32, epochs=1, batch_size=32)
+    train(config, tmp_path / "run", device="cpu", log=lambda line: None)
+    (tmp_path / "run" / "summary.json").unlink()
+    before = (tmp_path / "run" / "metrics.csv").read_text()
+    with pytest.raises(RunDirError, match="holds model.pt and metrics.csv but neither summary.json nor checkpoint.pt"):
+        train(config, tmp_path / "run", device="cpu", resume=True, log=lambda line: None)
+    assert (tmp_path / "run" / "metrics.csv").read_text() == before
+
