@@ -120,10 +120,17 @@ def load_run(path) -> Run:
     return Run(path, read_json(path / "config.json", RECORD_KEYS), read_json(path / "summary.json", SUMMARY_KEYS))
 
 
-def find_runs(root) -> list[Run]:
-    """Every finished run below `root`, sorted by run id."""
-    runs = [load_run(summary.parent) for summary in Path(root).glob("**/summary.json")
-            if (summary.parent / "config.json").exists()]
+def find_runs(root, readable=lambda path: True) -> list[Run]:
+    """Every finished run below `root`, sorted by run id. A run whose records cannot be read is one
+    line naming its file, unless `readable(its folder)` says it may be left out."""
+    runs = []
+    for summary in Path(root).glob("**/summary.json"):
+        if (summary.parent / "config.json").exists():
+            try:
+                runs.append(load_run(summary.parent))
+            except DataError:
+                if readable(summary.parent):
+                    raise
     return sorted(runs, key=lambda run: run.run_id)
 
 
@@ -144,7 +151,8 @@ def finished_runs(root, only: list[str] | None = None) -> list[Run]:
     run, is an error rather than an empty analysis, so a mistyped --runs cannot pass silently."""
     if not Path(root).is_dir():
         raise InfoProError(f"{root}: no such folder of runs")
-    runs = find_runs(root)
+    # A damaged run is left out of a selection its folder's name is not in (run ids are folder names).
+    runs = find_runs(root, lambda path: not only or any(part in path.name for part in only))
     if not runs:
         raise InfoProError(f"no finished run under {root}")
     return select_by_run_id(runs, only, lambda run: run.run_id, "finished run")

@@ -1,6 +1,7 @@
 """Run directories: resume equivalence, determinism, divergence, and one-line errors."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from conftest import REPO, run_cli, run_main
 from infopro.cli import stop_children
 from infopro.errors import DataError, DivergedError, RunDirError
 from infopro.records import git_state
-from infopro.runs import find_runs
+from infopro.runs import find_runs, finished_runs
 from infopro.train import RunDir, TrainConfig, train
 
 TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
@@ -354,3 +355,17 @@ def test_resume_refuses_a_run_that_lost_its_summary_instead_of_training_it_again
         train(config, tmp_path / "run", device="cpu", resume=True, log=lambda line: None)
     assert (tmp_path / "run" / "metrics.csv").read_text() == before
 
+
+def test_a_damaged_run_outside_the_selection_does_not_stop_an_analysis(tmp_path):
+    """One garbled config.json under --runs made every analysis refuse, even of the runs --only chose;
+    a damaged run that --only names is still one line naming its file."""
+    config = TrainConfig(regime="e2e", dataset="synthetic", train_subset=64, test_subset=32, epochs=1, batch_size=32)
+    train(config, tmp_path / config.run_id(), device="cpu", log=lambda line: None)
+    damaged = tmp_path / "other-run"
+    shutil.copytree(tmp_path / config.run_id(), damaged)
+    (damaged / "config.json").write_text("{ cut")
+    assert [run.run_id for run in finished_runs(tmp_path, [config.run_id()])] == [config.run_id()]
+    with pytest.raises(DataError, match="other-run/config.json is not valid JSON"):
+        finished_runs(tmp_path, ["other"])
+    with pytest.raises(DataError, match="is not valid JSON"):
+        finished_runs(tmp_path)
