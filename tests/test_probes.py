@@ -3,9 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from sklearn.linear_model import LogisticRegression
 
 from infopro.models import build_backbone
-from infopro.probes import fit_linear_probe, frozen, pool_features, probe_layers
+from infopro.probes import fit_linear_probe, fit_logistic_regression, frozen, pool_features, probe_layers, standardise
 from infopro.data import synthetic_splits
 
 
@@ -35,6 +36,21 @@ def test_probe_on_label_free_features_is_at_chance():
     result = fit_linear_probe(torch.randn(2000, 16, generator=generator), torch.arange(2000) % 10,
                               torch.randn(2000, 16, generator=generator), torch.arange(2000) % 10)
     assert 85 < result["test_error"] < 95
+
+
+@pytest.mark.parametrize("l2", [1e-4, 1e-2])
+def test_the_probe_reaches_scikit_learns_solution_of_the_same_objective(l2):
+    """Our L-BFGS probe against the field's standard tool on the same standardised features: the
+    same weights and the same class probabilities, to the solvers' tolerance."""
+    x, y = labelled_features(1500, 0.3, 0)
+    x, _ = standardise(x, x)
+    weight, bias = fit_logistic_regression(x, y, l2=l2)
+    reference = LogisticRegression(C=1 / (len(x) * l2), tol=1e-10, max_iter=10_000).fit(x.numpy(), y.numpy())
+    assert weight.T.numpy() == pytest.approx(reference.coef_, abs=1e-2)
+    ours = torch.softmax(x @ weight + bias, 1).numpy()
+    # float32 L-BFGS stopped at its tolerances: within 0.002 at the probe's own, weakest, penalty
+    assert ours == pytest.approx(reference.predict_proba(x.numpy()), abs=2e-3)
+    assert (ours.argmax(1) == reference.predict(x.numpy())).mean() >= 0.998
 
 
 def test_pooling_shapes():
