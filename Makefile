@@ -64,7 +64,7 @@ mutual-info:  ## I(h,x), I(h,y) of every finished run not yet estimated
 # for table_paired and table_e2e_gap: the test images a run never used give a fresh test of InfoPro against greedy SL
 # and of each method against E2E. A run on the whole split without weights enters with its training's record.
 test-predictions:  ## every network with weights scored image by image
-	$(PYTHON) -m analysis.test_predictions --runs $(RESULTS) --out $(RESULTS)/analysis/test_predictions.csv $(DATA)
+	$(PYTHON) -m analysis.score_test_images --runs $(RESULTS) --out $(RESULTS)/analysis/test_predictions.csv $(DATA)
 
 # The schedule check's analysis (fig_schedule): probes and I(h,x), I(h,y) of its seed-1 runs of E2E and K = 4 and
 # seed-0 runs of K = 2, 8 and 16 (36 epochs) and of their fixture twins (12 epochs), with the fixture's estimator

@@ -92,8 +92,7 @@ def run_main(*args, cwd=REPO) -> subprocess.CompletedProcess:
 
 def exit_status(module: str) -> int:
     """Run `module` as `__main__` and return the exit status the interpreter would give."""
-    # By path: pytest's import hook claims modules named like tests (analysis.test_predictions), and
-    # runpy.run_module cannot run what that hook loads.
+    # By path: runpy.run_module warns about, and may reuse, a module an earlier test imported.
     try:
         runpy.run_path(importlib.util.find_spec(module).origin, run_name="__main__")
     except SystemExit as stop:

@@ -189,5 +189,5 @@ def test_one_network_taken_from_its_record_reads_in_the_singular():
 
 
 def test_an_unmatched_selection_gets_one_line_and_exit_2():
-    result = run_main("analysis.test_predictions", "--runs", "results", "--only", "nothing")
+    result = run_main("analysis.score_test_images", "--runs", "results", "--only", "nothing")
     assert result.returncode == 2 and result.stderr.strip() == "error: no finished run matches nothing"

@@ -1,7 +1,7 @@
 """Score every finished run's network on its whole test split, image by image (for table_paired).
 
-    python -m analysis.test_predictions --runs results --data-root .data   # all runs with weights
-    python -m analysis.test_predictions --only K2-n10000-e36                 # some of them
+    python -m analysis.score_test_images --runs results --data-root .data   # all runs with weights
+    python -m analysis.score_test_images --only K2-n10000-e36                 # some of them
 
 Writes one row per run to results/analysis/test_predictions.csv: the error on the images its
 recorded error was measured on (which must reproduce it), the error on the test images it
@@ -19,7 +19,7 @@ from infopro.train import resolve_device
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="python -m analysis.test_predictions", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m analysis.score_test_images", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="results", help="folder searched for finished runs")
     p.add_argument("--only", nargs="+", metavar="TEXT", help="score only runs whose id contains TEXT")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
