@@ -1,14 +1,15 @@
 """The paper's claims this repository tests, each with the paper's numbers, ours and a verdict.
 
 One row per claim, computed from the same result files as the figures and tables (the paper's
-recipe, `plots.figure_rows`): the README's claims table is this table, so a verdict changes only
+recipe, `selection.figure_rows`): the README's claims table is this table, so a verdict changes only
 when a result does. A verdict is `holds`, `partly` (holds at some K only), `does not hold`, or
 `pending` with what is missing. Every rule is stated in the claim's `test` column.
 """
 
 import pandas as pd
 
-from infopro.plots import LOCAL_METHODS, METHODS, figure_rows, with_method
+from infopro.selection import figure_rows, with_method
+from infopro.style import LOCAL_METHODS, METHODS
 
 PAPER_KS = (2, 4, 8, 16)
 HOLDS, PARTLY, FAILS = "holds", "partly", "does not hold"

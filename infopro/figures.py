@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from infopro import claims, plots, tables
+from infopro import claims, plots, selection, tables
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.paired import read_predictions
@@ -107,7 +107,7 @@ def load_schedule_pairs(results) -> pd.DataFrame:
 def load_schedule_analysis(results) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Probe and mutual-information rows of the configurations and seeds analysed after two schedule lengths."""
     folder = Path(results) / "analysis" / "schedule-check"
-    probes, mi = (plots.paired_schedules(plots.with_method(read_result(folder / name, "schedule-analysis", columns)))
+    probes, mi = (plots.paired_schedules(selection.with_method(read_result(folder / name, "schedule-analysis", columns)))
                   for name, columns in (("linear_probe.csv", PROBE_COLUMNS), ("mutual_information.csv", MI_COLUMNS)))
     if probes.empty or mi.empty:
         raise InfoProError(f"{folder} holds no configuration analysed after two schedule lengths: "
@@ -157,7 +157,7 @@ def with_remeasured_times(results, table: pd.DataFrame) -> pd.DataFrame:
     path = Path(results) / "bench" / "remeasured" / table["source_file"].iloc[0]
     if not path.is_file():
         return table
-    later = read_result(path, "bench", BENCH_COLUMNS + TIME_COLUMNS + ("git_commit",), plots.measured_rows)
+    later = read_result(path, "bench", BENCH_COLUMNS + TIME_COLUMNS + ("git_commit",), selection.measured_rows)
     if "e2e" not in set(later["method"]):
         raise InfoProError(f"{path} holds no E2E step: a re-measurement's time ratios are against its own E2E; "
                            f"measure again with e2e among --methods")
@@ -195,7 +195,7 @@ def load_beside_steps(results, bench: pd.DataFrame, kind: str, columns: tuple[st
     path = Path(results) / "bench" / f"{kind}-{bench['source_file'].iloc[0]}"
     if not path.is_file():
         return None
-    table = read_result(path, "bench", columns, plots.measured_rows)
+    table = read_result(path, "bench", columns, selection.measured_rows)
     return None if table.empty else table
 
 
@@ -236,9 +236,9 @@ def table3(results) -> tuple[pd.DataFrame, str]:
 
 def claims_table(results) -> tuple[pd.DataFrame, str]:
     """The paper's claims with our verdicts (infopro/claims.py), from the default rows of every target."""
-    bench = tables.measured_rows(table3_bench(results))
+    bench = selection.measured_rows(table3_bench(results))
     return claims.claims(load_runs(results), load_probes(results), estimator_rows(load_mutual_info(results), None),
-                         bench, tables.memory_column(bench)[0], load_reference(results, "table2"),
+                         bench, selection.memory_column(bench)[0], load_reference(results, "table2"),
                          load_reference(results, "analysis_figure"), load_reference(results, "table3"))
 
 
@@ -259,7 +259,7 @@ RECIPE_NAMES = {"paper": "160 epochs", "fixture": "12 epochs"}
 
 def recipe_rows(df: pd.DataFrame, text: str) -> pd.DataFrame:
     """The rows of the one recipe whose label contains `text` (e.g. "160 epochs", or a name of
-    RECIPE_NAMES), for a figure of another recipe than the default (plots.main_recipe)."""
+    RECIPE_NAMES), for a figure of another recipe than the default (selection.main_recipe)."""
     recipes = sorted(recipe for recipe in df["recipe"].unique() if RECIPE_NAMES.get(text, text) in recipe)
     if len(recipes) != 1:
         found = "several recipes match" if recipes else "no recipe matches"
@@ -292,7 +292,7 @@ def estimator_rows(df: pd.DataFrame, estimator: str | None) -> pd.DataFrame:
     return rows
 
 
-def selection(recipe: str | None, arch: str | None, estimator: str | None = None):
+def row_picker(recipe: str | None, arch: str | None, estimator: str | None = None):
     """The rows a target draws: those of `arch`, of the recipe whose label contains `recipe` and, in
     the mutual-information rows, of one estimator (`estimator_rows`); the figures then pick as by
     default among what is left."""
@@ -303,7 +303,7 @@ def selection(recipe: str | None, arch: str | None, estimator: str | None = None
     return pick
 
 
-# Each target from the results folder and a selection of rows (`selection`: all rows by default).
+# Each target from the results folder and a selection of rows (`row_picker`: all rows by default).
 FIGURES = {
     "fig7": lambda r, pick: plots.fig7_error_vs_k(pick(load_runs(r)), load_reference(r, "table2")),
     "fig8": lambda r, pick: plots.fig8_linear_probes(pick(load_probes(r)), load_reference(r, "analysis_figure")),
@@ -355,7 +355,7 @@ def build(target: str, results="results", recipe: str | None = None, arch: str |
     results = Path(results)
     slug = None if recipe is None else re.sub(r"[^a-z0-9]+", "-", recipe.lower()).strip("-")
     stem = "-".join(part for part in (target, arch, slug, estimator) if part)
-    pick = selection(recipe, arch, estimator)
+    pick = row_picker(recipe, arch, estimator)
     if target in FIGURES:
         return plots.save_figure(FIGURES[target](results, pick), results / "figures" / stem)
     table, caption = TABLES[target](results, pick)

@@ -6,12 +6,10 @@ figure states in its footer the dataset, the training recipe, the number of seed
 estimator settings it shows; the paper's values, where drawn, are faint and labelled.
 """
 
-import functools
 import io
 import textwrap
 from pathlib import Path
 
-import matplotlib as mpl
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -19,114 +17,17 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 from infopro.errors import InfoProError
 from infopro.records import atomic_write
+from infopro.selection import (ANALYSIS_FIGURE_ARCH, errors_by_method, figure_rows, measured_rows, memory_column,
+                               remeasured_times, with_method)
+from infopro.style import (BLACK, BLUE, GREEN, K_COLOURS, LOCAL_METHODS, METHODS, ORANGE, PURPLE, SKY, VERMILLION,
+                           YELLOW, styled)
 
-# Okabe & Ito (2008) colour-blind-safe palette.
-BLACK, ORANGE, SKY, GREEN, YELLOW, BLUE, VERMILLION, PURPLE = (
-    "#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
-K_COLOURS = {1: BLACK, 2: BLUE, 3: PURPLE, 4: GREEN, 8: ORANGE, 16: VERMILLION}
-METHODS = {  # key -> (label, colour, marker, line style)
-    "e2e": ("E2E", BLACK, "D", "-"),
-    "greedy": ("Greedy SL", VERMILLION, "o", "-"),
-    "dgl": ("DGL", PURPLE, "v", "-"),
-    "infopro-contrast": ("InfoPro (Contrast)", BLUE, "s", "-"),
-    "infopro-softmax": ("InfoPro (Softmax)", GREEN, "^", "-"),
-}
-LOCAL_METHODS = tuple(method for method in METHODS if method != "e2e")  # a panel each in fig8 and fig10
 LAYER_AXIS = "layer point (1 = stem, then one per residual block)"
-ANALYSIS_FIGURE_ARCH = "resnet32"  # the network of the paper's analysis figure (results/reference/analysis_figure.csv)
-RC = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
-      "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}
-
-
-def method_key(regime: str, task_loss) -> str:
-    return f"infopro-{task_loss}" if regime == "infopro" else regime
-
-
-def with_method(df: pd.DataFrame) -> pd.DataFrame:
-    """Add a `method` column (e2e, greedy, dgl, infopro-contrast, infopro-softmax)."""
-    task = df["task_loss"].astype(object).fillna("") if "task_loss" in df else ""
-    return df.assign(method=[method_key(r, t) for r, t in zip(df["regime"], task)])
-
-
-def training_by_recipe(df: pd.DataFrame, by=("recipe",)) -> pd.Series:
-    """recipe (or the columns `by`) -> how much training it holds (images x epochs): which recipe is
-    the most-trained."""
-    return (df["train_images"] * df["epochs"]).groupby([df[column] for column in by]).max()
-
-
-def main_recipe(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Rows of the architecture and recipe a figure shows by default, and the recipe's label: the
-    most-trained recipe (images x epochs: the paper's, 160 epochs on the whole training set), then the
-    one covering the most configurations (method, K, split).
-
-    results/ also holds a small CPU fixture of every configuration; it is a toy for CPU demos and
-    tests, drawn only on request (`--recipe fixture`). A recipe's label does not name the network,
-    so ResNet-110 runs of the paper's recipe are told from ResNet-32's by `arch`; on a tie the
-    paper's analysis network, ResNet-32, is shown.
-    """
-    if df.empty:
-        return df, ""
-    keys = ["arch", "recipe"]
-    configurations = df.drop_duplicates([*keys, "method", "K", "split"]).groupby(keys).size()
-    training = training_by_recipe(df, keys)
-    arch, recipe = max(configurations.index,
-                       key=lambda key: (training[key], configurations[key], key[0] == ANALYSIS_FIGURE_ARCH))
-    return df[(df["arch"] == arch) & (df["recipe"] == recipe)], recipe
-
-
-def equal_depth(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of runs cut at the paper's equal-depth split points (Table 2 and the analysis figures).
-    InfoPro*'s memory-balanced splits are Table 3's: at K = 2 both exist, and averaged together
-    they would be no configuration at all."""
-    return df[df["split"] == "paper"]
-
-
-def figure_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """What a figure of Table 2's configurations shows (fig7, fig8, fig10, the information plane):
-    equal-depth runs of the main architecture and recipe, with a `method` column; and the recipe.
-    Table 2 shows every recipe of that architecture."""
-    rows, recipe = main_recipe(equal_depth(with_method(df)))
-    if rows.empty:
-        raise InfoProError("no run here is cut at the paper's equal-depth split points (split 'paper'), the only "
-                           "ones this shows; InfoPro*'s balanced runs enter Table 3 and fig_memory")
-    return rows, recipe
-
-
-def styled(draw):
-    """Run a figure function under the repository's rc style (fonts, grid, spines)."""
-    @functools.wraps(draw)
-    def wrapper(*args, **kwargs):
-        with mpl.rc_context(RC):
-            return draw(*args, **kwargs)
-    return wrapper
 
 
 def new_figure(width: float, height: float, rows: int = 1, cols: int = 1):
     figure = Figure(figsize=(width, height), layout="constrained")
     return figure, figure.subplots(rows, cols, squeeze=False)
-
-
-def measured_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a benchmark CSV whose method was measured: a failed method's row holds its `error`."""
-    return rows[rows["error"].isna()] if "error" in rows else rows
-
-
-def commits(column: pd.Series) -> str:
-    """The short commits a column of full ones holds, in order of first appearance."""
-    return ", ".join(dict.fromkeys(commit[:7] for commit in column.astype(str)))
-
-
-def remeasured_times(bench: pd.DataFrame) -> str:
-    """Which methods' step times a later call measured, for a caption or footer ("" when none):
-    the step table's times and ratios then come from two calls."""
-    later = bench[bench["timed_at"] != bench["git_commit"]] if "timed_at" in bench else bench.iloc[:0]
-    if later.empty:
-        return ""
-    if len(later) == len(bench):
-        return (f"step times of every method re-measured at {commits(later['timed_at'])} (bench/remeasured/), "
-                f"against that call's E2E; memory from the step table at {commits(bench['git_commit'])}")
-    return (f"step times of {', '.join(later['method'])} re-measured at {commits(later['timed_at'])} "
-            f"(bench/remeasured/), each against that call's E2E; the others at {commits(bench['git_commit'])}")
 
 
 def footer(figure: Figure, *lines: str) -> None:
@@ -589,8 +490,6 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame, work: dict[str, pd.DataF
     """Per benchmarked architecture: memory (% of E2E) vs test error, time vs memory, and time vs
     operators where the work of a step was counted (`work`: architecture -> counts at the step
     table's batch): whether a method's extra time follows its extra operators rather than its FLOPs."""
-    from infopro.tables import errors_by_method, memory_column
-
     work = work or {}
     archs = list(dict.fromkeys(bench["arch"]))
     figure, axes = new_figure(12.6, 0.8 + 3.2 * len(archs), len(archs), 3)

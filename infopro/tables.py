@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from infopro.bench import WHOLE_NETWORK
 from infopro.errors import InfoProError
 from infopro.paired import paired_comparisons
-from infopro.plots import (METHODS, commits, figure_rows, main_recipe, measured_rows,
-                           remeasured_times, training_by_recipe, with_method)
 from infopro.records import atomic_write
+from infopro.selection import (TABLE3_METHODS, commits, errors_by_method, figure_rows, measured_rows, memory_column,
+                               method_label, remeasured_times, training_by_recipe, with_method)
+from infopro.style import METHODS
 
 
 def mean_std(mean: float, std: float) -> str:
@@ -234,51 +234,6 @@ def write_table(table: pd.DataFrame, caption: str, stem) -> list[Path]:
         atomic_write(stem.with_suffix(suffix), text)
         paths.append(stem.with_suffix(suffix))
     return paths
-
-
-TABLE3_METHODS = ("e2e", "checkpoint", "offload", "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4",
-                  "infopro:2", "infopro:4", "infopro:8", "infopro:16", "infopro+checkpoint:2",
-                  "infopro+checkpoint:4", "greedy:2", "greedy:4", "greedy:8", "greedy:16")
-
-
-def method_label(method: str, K: int) -> str:
-    """The benchmark's name of a method: "e2e", "checkpoint", "infopro-balanced:4", ..."""
-    return method if K == 1 else f"{method}:{K}"
-
-
-def run_of_method(method: str) -> tuple[str, int, str]:
-    """The training run whose test error a benchmark method shares: (method key, K, split)."""
-    family, _, k = method.partition(":")
-    K = int(k) if k else 1
-    if family in WHOLE_NETWORK:
-        return "e2e", 1, "paper"
-    if family in ("greedy", "dgl", "infopro-softmax"):
-        return family, K, "paper"
-    return "infopro-contrast", K, "balanced" if family == "infopro-balanced" else "paper"
-
-
-def errors_by_method(runs: pd.DataFrame, arch: str, methods) -> tuple[dict, str]:
-    """method -> (mean, std, n) of final test error over the main recipe's runs of `arch`; and
-    that recipe ("" without runs of `arch`)."""
-    runs = runs[runs["arch"] == arch] if not runs.empty else runs
-    if runs.empty:
-        return {}, ""
-    runs, recipe = main_recipe(with_method(runs))
-    errors = {}
-    for method in methods:
-        key, K, split = run_of_method(method)
-        chosen = runs[(runs["method"] == key) & (runs["K"] == K) & (runs["split"] == split)]["final_test_error"]
-        if len(chosen):
-            errors[method] = (chosen.mean(), chosen.std(), len(chosen))
-    return errors, recipe
-
-
-def memory_column(bench: pd.DataFrame) -> tuple[str, str]:
-    """(column, description) of the memory a table or figure shows: CUDA allocated when measured
-    on a GPU, else the exact device-independent peak of the step's tensors."""
-    if bench["peak_allocated_bytes"].notna().any():
-        return "peak_allocated_bytes", "peak max_memory_allocated"
-    return "peak_step_tensor_bytes", "peak bytes of tensors the step allocates (exact, device-independent)"
 
 
 def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,

@@ -13,11 +13,11 @@ from matplotlib.collections import PathCollection, PolyCollection
 from conftest import REPO, run_main, unfinished_copy
 from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis,
-                             max_batch_path, memory_figure, recipe_rows, selection, table3, table3_bench)
-from infopro.plots import (fig8_linear_probes, fig_information_plane, fig_training_curves, figure_rows, layer_table,
-                           main_recipe, remeasured_times, with_method)
+                             max_batch_path, memory_figure, recipe_rows, row_picker, table3, table3_bench)
+from infopro.plots import fig8_linear_probes, fig_information_plane, fig_training_curves, layer_table
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs, training_curves
+from infopro.selection import figure_rows, main_recipe, remeasured_times, with_method
 from infopro.tables import extra_work, mean_std, schedule_check, table2, to_latex
 
 RESULTS = REPO / "results"
@@ -331,8 +331,8 @@ def test_a_target_of_a_named_network_draws_only_its_runs_beside_the_default(tmp_
     fixture = probes[probes["epochs"] == 12]
     deeper = fixture[fixture["K"] <= 2].assign(arch="resnet110", test_error=fixture["test_error"] + 40)
     both = pd.concat([fixture, deeper])
-    assert selection("12 epochs", "resnet110")(both).equals(deeper)
-    assert selection(None, "resnet32")(both).equals(fixture)
+    assert row_picker("12 epochs", "resnet110")(both).equals(deeper)
+    assert row_picker(None, "resnet32")(both).equals(fixture)
     results = tmp_path / "results"
     shutil.copytree(RESULTS / "reference", results / "reference")
     (results / "analysis").mkdir()

@@ -14,8 +14,7 @@ import pytest
 from conftest import REPO, assert_free, run_cli, run_main, unfinished_copy
 from infopro.grid import (RunStatus, get_grid, measure_jobs, run_grid, run_state, run_status, time_left_line,
                           train_command)
-from infopro.plots import method_key
-from infopro.tables import TABLE3_METHODS, run_of_method
+from infopro.selection import TABLE3_METHODS, method_key, run_of_method
 from infopro.train import TrainConfig, train
 
 TINY = dict(dataset="synthetic", train_subset=100, test_subset=50, epochs=2, batch_size=50, lr=0.05,
