@@ -5,22 +5,14 @@
     python -m experiments.reproduce --time-budget 8 --pack-to $OUT ...    # then pack what this call wrote
     INFOPRO_GIT_COMMIT=<sha> INFOPRO_GIT_DIRTY=0 python -m experiments.reproduce ...  # a copy without .git (or a stale one)
 
-Stages (infopro/reproduce.py): table3 (`experiments.bench --measure steps pipeline`), module-parallel
-(`experiments.bench_module_parallel` on the GPU), max-batch, grid-jobs, profile (`experiments.bench
---measure profile`: which operators a ResNet-110 step's time goes to, and where the GPU's idle
-time goes, six methods, on the GPU that timed the step table), profile-resnet32 (the same for
-ResNet-32's E2E step, on the GPU that timed the pipeline comparison), retime (every method's step
-time and the pipeline comparison again, into results/bench/remeasured/, on that GPU too), table2
-(the table2-resnet32 grid on cifar10-jpeg: 39 trainings of 160 epochs, resumed across calls) and
-dgl (table2-dgl-resnet32, after it). They feed Table 3, fig_memory, the module-parallel, max-batch,
-profile and idle CSVs, Table 2 and fig7; fig8 and fig10 follow from `make probes mutual-info
-figures tables`. Each stage is skipped once its results exist; a failing stage is reported and the
-next one runs. GPU time on one H100 (results/bench/logs/): table3 5.7 min, module-parallel 2.4,
-max-batch 8.5, grid-jobs 1.6, profile 2.2 to 2.4, profile-resnet32 0.3, retime 5.6; a 160-epoch grid
-run, four at a time, 9 to 13 min for E2E, greedy SL and InfoPro K = 2, 17 and 30 min for InfoPro
-(Contrast) K = 4 and 8, 13, 19 and 38 min for InfoPro (Softmax) K = 4, 8 and 16, and for InfoPro
-(Contrast) K = 16 about 40 min at its pace after 7fef106 removed the per-step host copies (15.1 s an
-epoch against 26.9 s before; README, Training).
+Stages (experiments/stages.py), each skipped once its results exist, a failing one reported while
+the next runs: table3, module-parallel, max-batch, grid-jobs, profile, profile-resnet32 and retime
+(Table 3, fig_memory and the benchmark CSVs; 0.3 to 8.5 min each on one H100, results/bench/logs/);
+remainder-ceiling and one remainder:<network> stage per seed-0 network (fig10 and the information
+plane in the paper's units; about 6 min a network, not yet measured); dgl-seed0, table2-unfinished,
+table2 and dgl (Table 2 and fig7 on cifar10-jpeg: 160-epoch runs, 9 to 40 min each with four
+sharing an H100, resumed across calls; `make status` adds up what is left). fig8 and the 1c2f
+estimates follow on a CPU from `make probes mutual-info figures tables`.
 """
 
 import time
@@ -30,7 +22,7 @@ from infopro.bench import device_slug
 from infopro.cli import ArgumentParser, positive, run
 from infopro.errors import InfoProError
 from infopro.records import check_writable, git_state
-from infopro.reproduce import check_code_is_named, pack, results_since, run_stages, stages
+from experiments.stages import check_code_is_named, pack, results_since, run_stages, stages
 from infopro.train import resolve_device
 
 

@@ -17,7 +17,7 @@ from conftest import REPO, run_main
 from infopro.bench import default_methods
 from infopro.errors import InfoProError
 from infopro.records import git_state
-from infopro.reproduce import Stage, best_jobs, check_code_is_named, pack, results_since, run_stages, stages
+from experiments.stages import Stage, best_jobs, check_code_is_named, pack, results_since, run_stages, stages
 
 
 def python_stage(name: str, code: str, done=lambda: False, minutes: float = 0) -> Stage:
@@ -281,7 +281,7 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     Table 2 before the other methods' estimates, those before the rest of the grid's seeds; a
     network's stage is done once every layer point has its remainder row, the ceiling once a
     candidate passed."""
-    from infopro.reproduce import REMAINDER_REFERENCE
+    from experiments.stages import REMAINDER_REFERENCE
 
     runs = tmp_path / "runs"
     for network in ("e2e-K1", "greedy-K4", "infopro-contrast-K2"):

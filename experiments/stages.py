@@ -1,14 +1,16 @@
 """Everything this repository needs a GPU for, as stages run in order of value within a time budget.
 
-GPU time comes in short leases, so the work is cut into stages, each skipped once the file it
-writes exists (the grid resumes its partial runs): calling again continues where the last
-call stopped. The order puts first what one lease can finish: the Table 3 benchmark and the
-input-pipeline comparison, the module-parallel throughput, the max-batch search, the grid's
---jobs measurement, a profile of where a step's time goes (ResNet-110's methods, then ResNet-32's
-E2E), every method's step time again with the current training step, then the Table 2 grid with
-whatever time is left, and the grid of Table 2's DGL row after it. A lent machine is lost with
-everything on it, so a call can pack what it wrote (`pack`) for the way back. The analysis of
-finished runs (probes, I(h,x), I(h,y)) is not a stage: it runs on a CPU as well (`make probes
+The GPU-lease workflow behind `python -m experiments.reproduce`, kept at the edge of the
+repository: the library knows nothing of leases. GPU time comes in short leases, so the work is
+cut into stages, each skipped once the file it writes exists (grids resume their partial runs):
+calling again continues where the last call stopped. The measurements come first (the Table 3
+benchmark and the input pipeline, module-parallel throughput, the max-batch search, the grid's
+--jobs measurement, the profiles, the re-timing), then the project's order of training and
+analysis: the remainder estimator's budget and its estimates of the seed-0 E2E and greedy SL
+networks (the paper's figure), DGL's seed-0 row, the unfinished runs of Table 2, the other
+seed-0 networks' estimates, then the remaining seeds of Table 2 and DGL. A lent machine is lost
+with everything on it, so a call can pack what it wrote (`pack`) for the way back. The other
+analyses of finished runs (probes, the 1c2f estimates) run on a CPU as well (`make probes
 mutual-info figures tables`).
 """
 
