@@ -141,7 +141,8 @@ def train_estimators(backbone: CifarResNet, train: Split, points: list[int], set
             group["lr"] = learning_rate(settings, epoch)
         generator = epoch_generator(settings.seed, epoch, device)
         loss_sum = torch.zeros((), device=device)
-        for index in shuffled_batches(len(train), settings.batch_size, generator):
+        batches = shuffled_batches(len(train), settings.batch_size, generator)
+        for index in batches:
             unit, y = augmented_batch(train.images[index], generator), train.labels[index]
             optimizer.zero_grad(set_to_none=True)
             with autocast(device, settings.precision):
@@ -155,7 +156,8 @@ def train_estimators(backbone: CifarResNet, train: Split, points: list[int], set
                 loss.backward()
                 loss_sum += loss.detach()
             optimizer.step()
-        log(f"    epoch {epoch}/{settings.epochs}: summed loss per batch {loss_sum.item():.3f}")
+        log(f"    epoch {epoch}/{settings.epochs}: loss {loss_sum.item() / len(batches):.3f} "
+            f"(mean over batches of the sum over points)")
     return estimators.eval()
 
 
