@@ -23,9 +23,10 @@ from infopro.errors import InfoProError
 from infopro.mi import EstimatorSettings, information_about_x, information_about_y
 from infopro.probes import DEFAULT_L2, check_l2, check_pool, extract_features, frozen, probe_layers
 from infopro.records import check_writable, device_name, git_state, read_table, update_csv
-from infopro.remainder import RemainderSettings, ceiling_within, estimate, place
+from infopro.remainder import RemainderSettings, ceiling_within, estimate
 from infopro.runs import Run
 from infopro.splits import num_layer_points
+from infopro.train import place
 
 
 def run_splits(run: Run, train_subset, test_subset, device, data_root):

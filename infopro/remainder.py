@@ -38,7 +38,7 @@ from infopro.local import Decoder, reconstruction_loss
 from infopro.mi import channel_means, image_entropy_floor, label_prior, null_input_baseline, start_at_null_predictor
 from infopro.models import CifarResNet, init_like_paper
 from infopro.probes import frozen
-from infopro.train import EVAL_BATCH, PRECISIONS, autocast, epoch_generator, learning_rate, prepare_input
+from infopro.train import EVAL_BATCH, PRECISIONS, autocast, epoch_generator, learning_rate, place, prepare_input
 
 
 @dataclass(frozen=True)
@@ -120,11 +120,6 @@ def frozen_features(backbone: CifarResNet, unit: torch.Tensor, points: list[int]
         deep = [p for p in points if p > 0]
         features = backbone.forward_intermediates(x, deep) if deep else {}
     return features | ({0: x} if 0 in points else {})
-
-
-def place(module: nn.Module, device: torch.device) -> nn.Module:
-    module = module.to(device)
-    return module.to(memory_format=torch.channels_last) if device.type == "cuda" else module
 
 
 def train_estimators(backbone: CifarResNet, train: Split, points: list[int], settings: RemainderSettings,

@@ -515,7 +515,7 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def place(net: LocalNet, device: torch.device) -> LocalNet:
+def place(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """Move to `device`; channels-last on CUDA, where cuDNN's convolutions prefer it."""
     net = net.to(device)
     return net.to(memory_format=torch.channels_last) if device.type == "cuda" else net
