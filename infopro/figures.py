@@ -277,7 +277,7 @@ def arch_rows(df: pd.DataFrame, arch: str) -> pd.DataFrame:
     return rows
 
 
-ESTIMATORS = ("remainder", "1c2f")  # of I(h,x) and I(h,y): infopro/remainder.py, infopro/mi.py
+ESTIMATORS = {"remainder": "remainder", "1c2f": "mutual-info"}  # of I(h,x), I(h,y) -> what makes its rows
 
 
 def estimator_rows(df: pd.DataFrame, estimator: str | None) -> pd.DataFrame:
@@ -287,8 +287,7 @@ def estimator_rows(df: pd.DataFrame, estimator: str | None) -> pd.DataFrame:
         estimator = "remainder" if (df["estimator"] == "remainder").any() else "1c2f"
     rows = df[df["estimator"] == estimator]
     if rows.empty:
-        raise InfoProError(f"no {estimator} rows in the mutual-information CSV: {HOW_TO_MAKE[estimator]}"
-                           if estimator == "remainder" else f"no {estimator} rows in the mutual-information CSV")
+        raise InfoProError(f"no {estimator} rows in the mutual-information CSV: {HOW_TO_MAKE[ESTIMATORS[estimator]]}")
     return rows
 
 
