@@ -235,3 +235,14 @@ def test_the_figure_draws_the_paper_dashed_and_the_ceiling_dotted():
     assert len(dashed) == 1 and list(dashed[0].get_ydata()) == [0.9] * 16
     legend = [text.get_text() for text in figure.legends[0].get_texts()]
     assert "paper, greedy SL and E2E (read off)" in legend and any(label.startswith("ceiling") for label in legend)
+
+
+def test_asking_for_an_estimator_without_rows_names_the_command_that_makes_them(tmp_path):
+    from conftest import REPO, run_main
+
+    (tmp_path / "analysis").mkdir()
+    committed = REPO / "results" / "analysis" / "mutual_information.csv"
+    (tmp_path / "analysis" / "mutual_information.csv").write_text(committed.read_text())  # 1c2f rows only
+    refused = run_main("analysis.build", "fig10", "--estimator", "remainder", "--results", str(tmp_path))
+    assert refused.returncode == 2 and "python -m analysis.remainder ceiling" in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1
