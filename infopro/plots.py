@@ -95,11 +95,12 @@ def layer_curves(ax, df: pd.DataFrame, value: str, ends: dict[int, list[int]]) -
 
 def layer_table(df: pd.DataFrame, values: str | list[str]) -> pd.DataFrame:
     """The numbers behind a per-layer figure, as its notebook prints them: `values` per layer
-    point, mean over seeds, one column per (network, recipe, method, K, split). Networks, recipes
-    and splits stay apart (a 12-epoch fixture averaged with a 160-epoch run means nothing), and
-    E2E and greedy SL, whose task_loss is blank, are columns too."""
-    return with_method(df).pivot_table(index="layer", columns=["arch", "recipe", "method", "K", "split"],
-                                       values=values, aggfunc="mean")
+    point, mean over seeds, one column per (network, recipe, method, K, split, and estimator where
+    rows have one). Networks, recipes, splits and estimators stay apart (a 12-epoch fixture averaged
+    with a 160-epoch run means nothing), and E2E and greedy SL, whose task_loss is blank, are
+    columns too."""
+    columns = ["arch", "recipe", "method", "K", "split"] + (["estimator"] if "estimator" in df else [])
+    return with_method(df).pivot_table(index="layer", columns=columns, values=values, aggfunc="mean")
 
 
 def module_end_table(df: pd.DataFrame) -> dict[int, list[int]]:
