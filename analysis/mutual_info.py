@@ -14,9 +14,9 @@ on 2 CPU cores: about 15 s per layer point with --train-subset 2000 --test-subse
 from analysis.probe import common_arguments
 from infopro.analysis import analyse_runs, mutual_info_run, mutual_info_settings
 from infopro.cli import ArgumentParser, run
+from infopro.device import resolve_device
 from infopro.mi import EstimatorSettings
 from infopro.runs import finished_runs
-from infopro.train import resolve_device
 
 
 def main(argv=None):

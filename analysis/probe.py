@@ -14,9 +14,9 @@ paper's recipe (50,000 training images); on a GPU not yet measured.
 
 from infopro.analysis import analyse_runs, probe_run, probe_settings
 from infopro.cli import ArgumentParser, at_least, run
+from infopro.device import resolve_device
 from infopro.probes import DEFAULT_L2
 from infopro.runs import finished_runs
-from infopro.train import resolve_device
 
 
 def layer_list(text: str) -> list[int]:

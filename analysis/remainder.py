@@ -18,12 +18,13 @@ trained alone for the same epochs (unmeasured on a GPU so far; days on a CPU).
 from dataclasses import replace
 
 from analysis.probe import layer_list
-from infopro.analysis import (analyse_runs, chosen_epochs, measure_ceilings, remainder_run, remainder_settings)
+from infopro.analysis import analyse_runs, chosen_epochs, measure_ceilings, remainder_run, remainder_settings
 from infopro.cli import ArgumentParser, at_least, positive, run
+from infopro.config import PRECISIONS
+from infopro.device import resolve_device
 from infopro.errors import InfoProError
 from infopro.remainder import RemainderSettings
 from infopro.runs import finished_runs
-from infopro.train import PRECISIONS, resolve_device
 
 CEILINGS = "results/analysis/remainder_ceiling.csv"
 

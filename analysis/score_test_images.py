@@ -13,9 +13,9 @@ Measured cost on 2 CPU cores: about 30 s per ResNet-32 on 10,000 test images.
 """
 
 from infopro.cli import ArgumentParser, run
+from infopro.device import resolve_device
 from infopro.paired import predict_runs
 from infopro.runs import finished_runs
-from infopro.train import resolve_device
 
 
 def main(argv=None):

@@ -28,11 +28,12 @@ import pandas as pd
 from infopro.bench import (Method, count_work, cuda_peak_bytes, default_methods, device_slug, max_batches, measure,
                            profile_step, run_methods, run_profiles, search_max_batches, summary_table)
 from infopro.cli import ArgumentParser, at_least, positive, run
+from infopro.config import PRECISIONS
+from infopro.device import configure_backends, resolve_device
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.pipeline import compare_pipelines
 from infopro.records import check_writable, provenance, write_csv
-from infopro.train import PRECISIONS, configure_backends, resolve_device
 
 MEASUREMENTS = ("steps", "max-batch", "pipeline", "work", "profile")
 QUICK = {"batch_size": 32, "steps": 3, "warmup": 1, "pipeline_images": 512}

@@ -16,12 +16,13 @@ from pathlib import Path
 
 from infopro.bench import device_slug, write_measurement
 from infopro.cli import ArgumentParser, at_least, run
+from infopro.config import TrainConfig
 from infopro.data import DATASETS
+from infopro.device import resolve_device
 from infopro.local import REGIMES
 from infopro.models import ARCHS
 from infopro.module_parallel import compare_throughput
 from infopro.records import check_writable, provenance
-from infopro.train import TrainConfig, resolve_device
 
 
 def parse_args(argv=None):

@@ -27,10 +27,10 @@ from pathlib import Path
 from infopro.bench import device_slug, write_measurement
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS, dataset_source
+from infopro.device import resolve_device
 from infopro.errors import InfoProError
 from infopro.grid import GRIDS, RunsFailed, get_grid, measure_jobs, run_grid, run_state, run_status, status_summary
 from infopro.records import check_writable
-from infopro.train import resolve_device
 
 
 def parse_args(argv=None):

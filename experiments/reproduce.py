@@ -18,12 +18,12 @@ estimates follow on a CPU from `make probes mutual-info figures tables`.
 import time
 from pathlib import Path
 
+from experiments.stages import check_code_is_named, pack, results_since, run_stages, stages
 from infopro.bench import device_slug
 from infopro.cli import ArgumentParser, positive, run
+from infopro.device import resolve_device
 from infopro.errors import InfoProError
 from infopro.records import check_writable, git_state
-from experiments.stages import check_code_is_named, pack, results_since, run_stages, stages
-from infopro.train import resolve_device
 
 
 def main(argv=None):

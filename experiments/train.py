@@ -21,13 +21,15 @@ import os
 from functools import partial
 
 from infopro.cli import ArgumentParser, positive, run
+from infopro.config import PRECISIONS, TrainConfig
 from infopro.data import DATASETS
 from infopro.data_parallel import DataParallel
+from infopro.device import resolve_device
 from infopro.distributed import Rank, run_as_torchrun_rank, under_torchrun
 from infopro.errors import InfoProError
 from infopro.local import REGIMES, TASK_LOSSES
 from infopro.models import ARCHS
-from infopro.train import PRECISIONS, TrainConfig, resolve_device, train
+from infopro.train import train
 
 
 def pair(text: str) -> tuple[float, float]:

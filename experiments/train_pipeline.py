@@ -16,9 +16,9 @@ from functools import partial
 
 from experiments.train import add_training_arguments, config_from, report, run_options
 from infopro.cli import ArgumentParser, at_least, run
+from infopro.device import resolve_device
 from infopro.distributed import Rank, run_as_torchrun_rank, spawn_ranks, under_torchrun
 from infopro.module_parallel import train_rank
-from infopro.train import resolve_device
 
 
 def rank_job(me: Rank, config, out, options: dict) -> None:

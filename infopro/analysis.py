@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from infopro.device import place
 from infopro.errors import InfoProError
 from infopro.mi import EstimatorSettings, information_about_x, information_about_y
 from infopro.probes import DEFAULT_L2, check_l2, check_pool, extract_features, frozen, probe_layers
@@ -26,7 +27,6 @@ from infopro.records import check_writable, device_name, git_state, read_table, 
 from infopro.remainder import RemainderSettings, ceiling_within, estimate
 from infopro.runs import Run
 from infopro.splits import num_layer_points
-from infopro.train import place
 
 
 def run_splits(run: Run, train_subset, test_subset, device, data_root):

@@ -59,19 +59,21 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
-from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
+from infopro.config import TrainConfig, build_net
 from infopro.data import augmented_batch
+from infopro.device import configure_backends, place
 from infopro.errors import InfoProError
 from infopro.local import run_layers
 from infopro.memory import PeakTensorMemory, SavedActivations
 from infopro.records import REPO_ROOT, device_name, write_csv
 from infopro.splits import PAPER_LOSS_WEIGHTS, PAPER_SPLITS
+from infopro.step import train_step
 from infopro.trace import CAUSES, gpu_idle, trace_spans
-from infopro.train import TrainConfig, build_net, configure_backends, place, train_step
 
 WHOLE_NETWORK = ("e2e", "checkpoint", "offload")  # families that back-propagate end to end: no K
 CLASSIFIER_HEADS = ("greedy", "dgl")  # local families trained through a classifier alone: no λ1, λ2

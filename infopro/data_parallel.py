@@ -29,10 +29,12 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from infopro.config import TrainConfig
 from infopro.distributed import Rank, broadcast, on_rank_zero
 from infopro.errors import InfoProError
 from infopro.local import InfoProObjective, LocalNet, upcast
-from infopro.train import OpenedRun, OneProcess, TrainConfig, load_splits, open_run
+from infopro.rundir import OpenedRun, load_splits, open_run
+from infopro.train import OneProcess
 
 
 class _SumOverRanks(torch.autograd.Function):

@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from infopro.cli import stop_children
+from infopro.config import TrainConfig
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, read_json
 from infopro.runs import last_epoch_images_per_second, read_metrics, select_by_run_id
-from infopro.train import TrainConfig
 
 PAPER_KS = (2, 4, 8, 16)
 SOFTMAX_VARIANTS = tuple(dict(regime="infopro", task_loss="softmax", K=K) for K in PAPER_KS)

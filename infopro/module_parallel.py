@@ -38,16 +38,17 @@ import torch
 import torch.distributed as dist
 
 from infopro.bench import StepTimer
+from infopro.config import TrainConfig, build_net, epoch_generator, learning_rate, set_learning_rate, sgd
 from infopro.data import augmented_batch, shuffled_batches
+from infopro.device import autocast, configure_backends, place, prepare_input
 from infopro.distributed import Rank, broadcast, gather, on_rank_zero, spawn_ranks, to_cpu
 from infopro.errors import InfoProError
 from infopro.local import InfoProObjective, LocalNet, run_layers
 from infopro.records import read_json
+from infopro.rundir import load_splits, open_run
 from infopro.runs import last_epoch_images_per_second
-from infopro.train import (EpochBudget, TrainConfig, autocast, build_net, check_finite, configure_backends,
-                           correct_per_image, epoch_generator, epoch_line, epoch_row, evaluate, learning_rate,
-                           load_splits, module_step, open_run, place, prepare_input, set_learning_rate, sgd, summarise,
-                           train)
+from infopro.step import correct_per_image, evaluate, module_step
+from infopro.train import EpochBudget, check_finite, epoch_line, epoch_row, summarise, train
 
 
 # ----- which parameters, buffers and inputs belong to which module

@@ -23,7 +23,7 @@ from infopro.analysis import analysis_provenance
 from infopro.data import subset_indices
 from infopro.records import check_writable, decode_correct, encode_correct, read_table, update_csv
 from infopro.runs import Run
-from infopro.train import predict
+from infopro.step import predict
 
 # A comparison pairs runs that differ only in their method: same data, recipe, K and seed.
 PAIRING_KEY = ["dataset", "arch", "K", "split", "seed", "recipe", "precision", "test_split_images"]

@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from infopro.config import TrainConfig, build_net
 from infopro.data import MEAN, STD, Split
-from infopro.train import TrainConfig, autocast, build_net, configure_backends, place, train_epoch
+from infopro.device import autocast, configure_backends, place
+from infopro.train import train_epoch
 
 
 class PerSampleImages(Dataset):

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from infopro.data import Split, to_unit
+from infopro.device import prepare_input
 from infopro.errors import InfoProError
 from infopro.models import CifarResNet
-from infopro.train import prepare_input
 
 DEFAULT_L2 = 1e-4
 DEFAULT_MAX_ITER = 500

@@ -32,13 +32,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from infopro.config import PRECISIONS, epoch_generator, learning_rate
 from infopro.data import Split, augmented_batch, shuffled_batches, to_unit
+from infopro.device import autocast, place, prepare_input
 from infopro.errors import InfoProError
 from infopro.local import Decoder, reconstruction_loss
 from infopro.mi import channel_means, image_entropy_floor, label_prior, null_input_baseline, start_at_null_predictor
 from infopro.models import CifarResNet, init_like_paper
 from infopro.probes import frozen
-from infopro.train import EVAL_BATCH, PRECISIONS, autocast, epoch_generator, learning_rate, place, prepare_input
+from infopro.step import EVAL_BATCH
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,11 @@ where that happened), and on a GPU cuDNN's kernels are not bit-reproducible at a
 import csv
 from pathlib import Path
 
+from infopro.device import resolve_device
 from infopro.errors import InfoProError
 from infopro.records import atomic_write, git_state, load_torch, processor, read_json, write_json
 from infopro.runs import Run
-from infopro.train import resolve_device, train
+from infopro.train import train
 
 SHOWN_DIFFERENCES = 5  # per run; the count says how many more
 

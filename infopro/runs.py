@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from infopro.config import TrainConfig, build_net
 from infopro.data import Dataset, load_dataset
 from infopro.errors import DataError, InfoProError
 from infopro.local import LocalNet
 from infopro.records import load_torch, read_json, read_table
-from infopro.train import TrainConfig, build_net
 
 
 @dataclass(frozen=True)

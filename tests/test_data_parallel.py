@@ -6,13 +6,16 @@ from functools import partial
 import pandas as pd
 import pytest
 import torch
-
 from conftest import run_cli
+
 from experiments.train import replica_job
+from infopro.config import TrainConfig, build_net
 from infopro.data_parallel import DataParallel, shard
 from infopro.distributed import spawn_ranks
 from infopro.errors import InfoProError
-from infopro.train import TrainConfig, build_net, check_batches, train, train_step
+from infopro.rundir import check_batches
+from infopro.step import train_step
+from infopro.train import train
 
 pytestmark = pytest.mark.slow  # one process per replica: minutes on 2 cores (make test-slow)
 

@@ -12,8 +12,8 @@ from matplotlib.collections import PathCollection, PolyCollection
 
 from conftest import REPO, run_main, unfinished_copy
 from infopro.errors import InfoProError
-from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis,
-                             max_batch_path, memory_figure, recipe_rows, row_picker, table3, table3_bench)
+from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
+                             memory_figure, recipe_rows, row_picker, table3, table3_bench)
 from infopro.plots import fig8_linear_probes, fig_information_plane, fig_training_curves, layer_table
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs, training_curves
@@ -250,7 +250,8 @@ def test_an_unreadable_input_is_one_line_naming_it(target, name, damage, message
 @pytest.mark.slow
 def test_schedule_check_pairs_each_longer_run_only_with_its_twin(tmp_path):
     """A twin has the same config and seed and fewer epochs; the table averages the pairs over seeds."""
-    from infopro.train import TrainConfig, train
+    from infopro.config import TrainConfig
+    from infopro.train import train
     tiny = dict(dataset="synthetic", train_subset=64, test_subset=32, batch_size=32, warmup_epochs=1)
 
     def trained(folder, **config):
@@ -395,7 +396,8 @@ def test_latex_tables_use_booktabs_and_escape():
 def test_probes_and_mutual_info_run_end_to_end_on_a_run(tmp_path):
     results = tmp_path / "results"
     shutil.copytree(RESULTS / "reference", results / "reference")
-    from infopro.train import TrainConfig, train
+    from infopro.config import TrainConfig
+    from infopro.train import train
 
     train(TrainConfig(regime="greedy", K=2, dataset="synthetic", epochs=1, train_subset=300, test_subset=100,
                       batch_size=50), results / "runs" / "tiny", device="cpu", log=lambda line: None)
@@ -422,7 +424,8 @@ def test_probes_and_mutual_info_run_end_to_end_on_a_run(tmp_path):
 def test_schedule_analysis_draws_only_seeds_analysed_after_both_lengths(tmp_path):
     """`make schedule-analysis` analyses the runs SCHEDULE_RUNS names in runs/ and schedule-check/;
     fig_schedule keeps a seed only where it was analysed after both schedule lengths."""
-    from infopro.train import TrainConfig, train
+    from infopro.config import TrainConfig
+    from infopro.train import train
     results = tmp_path / "results"
     tiny = dict(regime="greedy", K=2, dataset="synthetic", train_subset=64, test_subset=32, batch_size=32,
                 warmup_epochs=1)
@@ -574,7 +577,8 @@ def test_the_notebooks_layer_table_keeps_recipes_apart_and_shows_e2e_and_greedy(
 
 def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path):
     from infopro.analysis import analyse_runs
-    from infopro.train import TrainConfig, train
+    from infopro.config import TrainConfig
+    from infopro.train import train
     train(TrainConfig(regime="e2e", dataset="synthetic", epochs=1, train_subset=64, test_subset=32,
                       batch_size=32), tmp_path / "runs" / "r", device="cpu", log=lambda line: None)
     runs, calls = find_runs(tmp_path / "runs"), []

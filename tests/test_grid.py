@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, assert_free, run_cli, run_main, unfinished_copy
+from infopro.config import TrainConfig
 from infopro.grid import (RunStatus, get_grid, measure_jobs, run_grid, run_state, run_status, time_left_line,
                           train_command)
 from infopro.selection import TABLE3_METHODS, method_key, run_of_method
-from infopro.train import TrainConfig, train
+from infopro.train import train
 
 TINY = dict(dataset="synthetic", train_subset=100, test_subset=50, epochs=2, batch_size=50, lr=0.05,
             warmup_epochs=0)
@@ -218,7 +219,7 @@ def test_a_terminated_grid_stops_its_trainings_and_frees_their_runs(tmp_path):
     """`kill` on a grid must not leave its trainings running alone, holding their runs' locks."""
     long = {**TINY, "epochs": 1000}
     config = TrainConfig(regime="e2e", **long)
-    script = (f"from infopro.cli import run; from infopro.grid import run_grid; from infopro.train import TrainConfig; "
+    script = (f"from infopro.cli import run; from infopro.grid import run_grid; from infopro.config import TrainConfig; "
               f"from pathlib import Path; run(lambda: run_grid([TrainConfig(regime='e2e', **{long!r})], "
               f"Path({str(tmp_path)!r}), device='cpu'))")
     grid = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

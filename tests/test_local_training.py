@@ -6,10 +6,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from infopro.config import TrainConfig, build_net
+from infopro.device import prepare_input
 from infopro.errors import InfoProError
 from infopro.local import DGLObjective, supervised_contrastive_loss
 from infopro.memory import SavedActivations
-from infopro.train import TrainConfig, build_net, prepare_input, train, train_step
+from infopro.step import train_step
+from infopro.train import train
 
 REGIMES = [("e2e", 1, None), ("greedy", 4, None), ("dgl", 4, None), ("infopro", 4, "contrast"), ("infopro", 4, "softmax")]
 

@@ -13,13 +13,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
 from conftest import REPO, assert_free, run_cli
+
 from experiments.train_pipeline import rank_job
-from infopro.errors import InfoProError
+from infopro.config import TrainConfig
 from infopro.distributed import spawn_ranks
+from infopro.errors import InfoProError
 from infopro.module_parallel import ideal_speedup
-from infopro.train import TrainConfig, train
+from infopro.train import train
 
 pytestmark = pytest.mark.slow  # one process per rank: minutes on 2 cores (make test-slow)
 

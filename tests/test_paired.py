@@ -5,16 +5,18 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+
 import torch
 
 from conftest import run_main
 from infopro import tables
+from infopro.config import TrainConfig
 from infopro.data import Split
 from infopro.errors import InfoProError
 from infopro.paired import paired_comparisons, paired_difference, predict_runs, read_predictions, used_images
 from infopro.records import decode_correct, encode_correct
 from infopro.runs import find_runs
-from infopro.train import TrainConfig, train
+from infopro.train import train
 
 TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
                    epochs=1, batch_size=64, lr=0.05, warmup_epochs=1)

@@ -10,11 +10,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from infopro.data import Split, synthetic_splits, to_unit
+from infopro.device import prepare_input
 from infopro.errors import InfoProError
 from infopro.models import CifarResNet
 from infopro.probes import probe_layers
 from infopro.remainder import RemainderSettings, ceiling_within, estimate
-from infopro.train import prepare_input
 
 FAST = RemainderSettings(epochs=4, batch_size=50, lr=0.1, warmup_epochs=0, precision="fp32")
 CHANCE = 0.1
@@ -166,11 +166,12 @@ def test_the_command_measures_the_ceiling_then_every_layer_and_fig10_draws_them(
     import shutil
 
     import pandas as pd
-
     from conftest import REPO, run_main
+
     from infopro.analysis import chosen_epochs
+    from infopro.config import TrainConfig
     from infopro.figures import build
-    from infopro.train import TrainConfig, train
+    from infopro.train import train
 
     results = tmp_path / "results"
     shutil.copytree(REPO / "results" / "reference", results / "reference")

@@ -5,12 +5,13 @@ import json
 import pandas as pd
 import pytest
 import torch
-
 from conftest import run_cli, run_main
+
+from infopro.config import TrainConfig
 from infopro.errors import DataError, InfoProError
 from infopro.retrain import retrain
 from infopro.runs import load_run
-from infopro.train import TrainConfig, train
+from infopro.train import train
 
 TINY = TrainConfig(regime="infopro", K=2, dataset="synthetic", train_subset=128, test_subset=64,
                    epochs=2, batch_size=64, lr=0.05, warmup_epochs=1)

@@ -9,14 +9,16 @@ import time
 import pandas as pd
 import pytest
 import torch
+from conftest import REPO, run_cli, run_main
 
 import infopro.train
-from conftest import REPO, run_cli, run_main
 from infopro.cli import stop_children
+from infopro.config import TrainConfig
 from infopro.errors import DataError, DivergedError, RunDirError
 from infopro.records import git_state
+from infopro.rundir import RunDir
 from infopro.runs import find_runs, finished_runs
-from infopro.train import RunDir, TrainConfig, train
+from infopro.train import train
 
 TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
                    epochs=3, batch_size=64, lr=0.05, warmup_epochs=1)

@@ -1,0 +1,47 @@
+"""Where and in which numerics a network runs: the device, its backends, memory format and autocast."""
+
+from contextlib import nullcontext
+
+import torch
+
+from infopro.data import normalise
+from infopro.errors import InfoProError
+
+
+def resolve_device(name: str, remedy: str = "use --device cpu or auto") -> torch.device:
+    """The torch device `name` (auto, cpu, cuda) names; `remedy` is what the refusal of a missing
+    CUDA device tells to do, since which options exist depends on the command."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda"):
+        raise InfoProError(f"unknown device {name!r}; valid: auto, cpu, cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InfoProError(f"no CUDA device is available; {remedy}")
+    return torch.device(name)
+
+
+def configure_backends(device: torch.device) -> None:
+    """cuDNN autotuning and TF32 on CUDA (both recorded in the provenance); nothing on CPU."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+
+
+def place(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """Move to `device`; channels-last on CUDA, where cuDNN's convolutions prefer it."""
+    net = net.to(device)
+    return net.to(memory_format=torch.channels_last) if device.type == "cuda" else net
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def prepare_input(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Normalised network input; channels-last on CUDA, where cuDNN's convolutions prefer it."""
+    x = normalise(x)
+    return x.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else x
+

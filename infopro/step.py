@@ -1,0 +1,76 @@
+"""One training step of a local network, and its evaluation.
+
+One step (`train_step`): module k runs on the detached output of module k-1, its local loss
+is back-propagated at once (freeing its graph), and its output is detached, so no gradient
+crosses a module boundary and only one module's activations are alive at a time. The trainer
+then takes a single SGD step for every module ("simultaneous" training, as the paper's code).
+"""
+
+import torch
+
+from infopro.data import Split, to_unit
+from infopro.device import autocast, prepare_input
+from infopro.local import LocalModule, LocalNet, run_layers
+
+EVAL_BATCH = 1000
+
+
+def module_step(module: LocalModule, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
+                run_segment=run_layers, loss_scale: float = 1.0):
+    """Forward and backward of one local module on its (detached) input h; no optimizer step.
+
+    `module` is `net.local_modules[k]` (or a DDP wrapper of it); x is the augmented input in
+    [0, 1]. The loss is multiplied by `loss_scale` before backward (data-parallel shards of
+    unequal size weigh their mean losses so). Returns the module's detached output (the next
+    module's input: no gradient crosses the boundary), its detached loss and, for the last
+    module, the number of misclassified samples (else None). All three trainers (synchronous,
+    module-parallel, data-parallel) run exactly this.
+    """
+    with autocast(h.device, precision):
+        h, loss, logits = module(h, x, y, run_segment)
+    (loss * loss_scale).backward()  # frees the module's graph before the next module runs
+    wrong = None if logits is None else (logits.argmax(1) != y).sum()
+    return h.detach(), loss.detach(), wrong
+
+
+def train_step(net: LocalNet, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
+               run_segment=run_layers, modules=None, loss_scale: float = 1.0):
+    """Forward and backward through the K modules for one batch x in [0, 1]; no optimizer step.
+
+    `run_segment(layers, h)` runs one module's backbone layers (the benchmark swaps in
+    gradient checkpointing here); `modules` replaces `net.local_modules` (data-parallel
+    training passes their DDP wrappers). Returns each module's loss and the number of
+    misclassified samples at the network's head, as device tensors (no host synchronisation).
+    """
+    h = prepare_input(x, x.device)
+    losses = []
+    for module in modules or net.local_modules:
+        h, loss, wrong = module_step(module, h, x, y, precision, run_segment, loss_scale)
+        losses.append(loss)
+    return torch.stack(losses), wrong
+
+
+@torch.inference_mode()
+def predict(net: LocalNet, split: Split, precision: str = "fp32") -> torch.Tensor:
+    """The head's class for each image of `split`, un-augmented, BN in eval mode (on the split's device)."""
+    was_training = net.training
+    net.eval()
+    classes = []
+    for start in range(0, len(split), EVAL_BATCH):
+        images = split.images[start:start + EVAL_BATCH]
+        with autocast(images.device, precision):
+            classes.append(net.backbone(prepare_input(to_unit(images), images.device)).argmax(1))
+    net.train(was_training)
+    return torch.cat(classes)
+
+
+def correct_per_image(net: LocalNet, split: Split, precision: str = "fp32") -> torch.Tensor:
+    """Whether the network's head classifies each image of `split` rightly (un-augmented, BN in eval mode)."""
+    return predict(net, split, precision) == split.labels
+
+
+def evaluate(net: LocalNet, split: Split, precision: str = "fp32") -> float:
+    """Test error (%) of the network's head on un-augmented images, BN in eval mode."""
+    wrong = (~correct_per_image(net, split, precision)).sum()
+    return 100.0 * wrong.item() / len(split)
+
