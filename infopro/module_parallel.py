@@ -295,8 +295,8 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
         if me.first:
             losses = [report["stats"].loss_sum / len(opened.train) for report in reports]
             decision = "diverged" if not all(map(math.isfinite, losses)) else end_epoch(
-                net, reports, losses, owned, opened, metrics, config, epoch, lr, time.perf_counter() - began,
-                max_staleness, budget, log)
+                net, reports, losses, owned, opened, metrics, config, epoch, lr,
+                (time.perf_counter() - began, time.time()), max_staleness, budget, log)
         decision = broadcast(decision, me)
         if decision != "continue":
             break
@@ -360,17 +360,19 @@ def open_pipeline_run(config, out, me: Rank, max_staleness, data_root, download,
     return opened, {"finished": opened.finished, "checkpoint": opened.checkpoint, "train_size": len(opened.train)}
 
 
-def end_epoch(net, reports, losses, owned, opened, metrics, config, epoch, lr, seconds, max_staleness, budget,
+def end_epoch(net, reports, losses, owned, opened, metrics, config, epoch, lr, timing, max_staleness, budget,
               log) -> str:
-    """Rank 0 after an epoch: assemble the network, evaluate, record; say what comes next."""
+    """Rank 0 after an epoch: assemble the network, evaluate, record; say what comes next. `timing` is the
+    epoch's (seconds, Unix time at its end)."""
     state = {}
     for report in reports:
         state |= report["state"]
     net.load_state_dict(state)
     stats = [report["stats"] for report in reports]
     n = len(opened.train)
+    seconds, ended_at = timing
     row = epoch_row(epoch, lr, losses, 100.0 * stats[-1].wrong / n, evaluate(net, opened.test, config.precision),
-                    seconds)
+                    seconds, ended_at)
     row |= {"max_staleness": max_staleness, "max_lead": max(s.max_lead for s in stats)}
     row |= {f"busy_seconds_m{k + 1}": s.busy_seconds for k, s in enumerate(stats)}
     metrics.append(row)

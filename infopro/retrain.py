@@ -29,9 +29,9 @@ class ReplayDiffers(InfoProError):
 
 
 def is_timing(column: str) -> bool:
-    """Columns that measure wall-clock time (`epoch_seconds`, the module-parallel `busy_seconds_m*`),
-    which no replay can be expected to match."""
-    return "seconds" in column
+    """Columns that measure wall-clock time (`epoch_seconds`, the module-parallel `busy_seconds_m*`) or
+    read the clock (`ended_at`), which no replay can be expected to match."""
+    return "seconds" in column or column == "ended_at"
 
 
 def read_rows(path: Path) -> tuple[list[str], list[dict]]:

@@ -115,10 +115,11 @@ def check_finite(losses: list[float], epoch: int, run: "RunDir") -> None:
 
 
 def epoch_row(epoch: int, lr: float, losses: list[float], train_error: float, test_error: float,
-              seconds: float) -> dict:
-    """One line of metrics.csv."""
+              seconds: float, ended_at: float) -> dict:
+    """One line of metrics.csv. `ended_at` (Unix time at the end of the epoch's training) puts the epoch on
+    a clock that processes share: runs side by side can be timed over the windows they all trained in."""
     return {"epoch": epoch, "lr": lr, **{f"loss_m{k + 1}": v for k, v in enumerate(losses)},
-            "train_error": train_error, "test_error": test_error, "epoch_seconds": seconds}
+            "train_error": train_error, "test_error": test_error, "epoch_seconds": seconds, "ended_at": ended_at}
 
 
 class EpochBudget:
@@ -198,12 +199,12 @@ def train_opened(config: TrainConfig, out, opened: OpenedRun, replicas: OneProce
                                            measured if epoch == start else None, replicas)
             losses = (replicas.total(loss_sums) / n).tolist()
             train_error = 100.0 * replicas.total(wrong).item() / n
-        seconds = time.perf_counter() - began
+        seconds, ended_at = time.perf_counter() - began, time.time()
         stop = None
         if replicas.writer:
             check_finite(losses, epoch, opened.run)
             row = epoch_row(epoch, lr, losses, train_error, evaluate(net, opened.test, config.precision),
-                            seconds) | replicas.row
+                            seconds, ended_at) | replicas.row
             metrics.append(row)
             opened.run.save_epoch(net.state_dict(), optimizer.state_dict(), epoch, metrics)
             log(epoch_line(row, config.epochs, n))

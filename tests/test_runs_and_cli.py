@@ -130,7 +130,8 @@ def test_cli_writes_the_run_files(tmp_path):
     assert summary["peak_saved_activation_bytes"] > 0 and summary["peak_cuda_allocated_bytes"] is None
     metrics = pd.read_csv(out / "metrics.csv")
     assert list(metrics.columns) == ["epoch", "lr", "loss_m1", "loss_m2", "loss_m3", "loss_m4",
-                                     "train_error", "test_error", "epoch_seconds"]
+                                     "train_error", "test_error", "epoch_seconds", "ended_at"]
+    assert metrics["ended_at"].is_monotonic_increasing and metrics["ended_at"].iloc[0] > 1.7e9  # Unix seconds
 
 
 BAD_INPUTS = [
