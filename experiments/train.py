@@ -29,6 +29,7 @@ from infopro.distributed import Rank, run_as_torchrun_rank, under_torchrun
 from infopro.errors import InfoProError
 from infopro.local import REGIMES, TASK_LOSSES
 from infopro.models import ARCHS
+from infopro.step import STEP_MODES
 from infopro.train import train
 
 
@@ -123,14 +124,19 @@ def replica_job(me: Rank, config: TrainConfig, out, options: dict) -> None:
 def main(argv=None):
     p = ArgumentParser(prog="python -m experiments.train", description=__doc__.split("\n\n")[0])
     add_training_arguments(p)
+    p.add_argument("--step", default="auto", choices=STEP_MODES,
+                   help="run each local module's step eagerly or under torch.compile, in the same fp32 or bf16 "
+                        "math (default: auto, compiled on CUDA, eager on a CPU)")
     args = p.parse_args(argv)
     config = config_from(args)
     options = run_options(args)
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        if args.step == "compiled":
+            raise InfoProError("--step compiled trains in one process; data-parallel ranks step eagerly")
         run_as_torchrun_rank(partial(replica_job, config=config, out=args.out, options=options),
                              resolve_device(args.device))
     else:
-        report(train(config, args.out, device=args.device, **options), args.out)
+        report(train(config, args.out, device=args.device, step_mode=args.step, **options), args.out)
 
 
 if __name__ == "__main__":

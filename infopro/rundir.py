@@ -117,15 +117,17 @@ def differing_keys(stored: dict, current: dict) -> str:
                      if key in current["config"] else key for key in keys)
 
 
-def run_record(config: TrainConfig, dataset, train: Split, test: Split, device: torch.device) -> dict:
-    """The contents of config.json: config, resolved split and λs, data identity, provenance."""
+def run_record(config: TrainConfig, dataset, train: Split, test: Split, device: torch.device,
+               step_mode: str = "eager") -> dict:
+    """The contents of config.json: config, resolved split and λs, data identity, provenance (with how
+    the steps ran: `infopro.step.resolve_step_mode`)."""
     return {
         "run_id": config.run_id(),
         "config": asdict(config),
         "resolved": config.resolved(),
         "dataset": {"name": dataset.name, "fingerprint": dataset.fingerprint, "source": dataset.source,
                     "train_size": len(train), "test_size": len(test)},
-        "provenance": provenance(device) | {"precision": config.precision},
+        "provenance": provenance(device) | {"precision": config.precision, "step_mode": step_mode},
     }
 
 
@@ -173,12 +175,12 @@ def check_batches(config: TrainConfig, train_size: int, ranks: int = 1) -> None:
 
 
 def open_run(config: TrainConfig, out, data, device: torch.device, resume: bool = False,
-             extra_record: dict | None = None, ranks: int = 1) -> OpenedRun:
+             extra_record: dict | None = None, ranks: int = 1, step_mode: str = "eager") -> OpenedRun:
     """Open (or refuse) the run directory `out` of `config` trained on `data` (from `load_splits`)
-    by `ranks` data-parallel processes."""
+    by `ranks` data-parallel processes, whose steps run in `step_mode`."""
     dataset, train_split, test_split = data
     check_batches(config, len(train_split), ranks)
-    record = run_record(config, dataset, train_split, test_split, device) | (extra_record or {})
+    record = run_record(config, dataset, train_split, test_split, device, step_mode) | (extra_record or {})
     run = RunDir(out, record)
     checkpoint = run.open(resume)
     return OpenedRun(run, train_split, test_split, None if run.finished else checkpoint, run.finished)

@@ -7,12 +7,15 @@ then takes a single SGD step for every module ("simultaneous" training, as the p
 """
 
 import torch
+import torch._dynamo
 
 from infopro.data import Split, to_unit
 from infopro.device import autocast, prepare_input
+from infopro.errors import InfoProError
 from infopro.local import LocalModule, LocalNet, run_layers
 
 EVAL_BATCH = 1000
+STEP_MODES = ("auto", "eager", "compiled")
 
 
 def module_step(module: LocalModule, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32",
@@ -74,3 +77,30 @@ def evaluate(net: LocalNet, split: Split, precision: str = "fp32") -> float:
     wrong = (~correct_per_image(net, split, precision)).sum()
     return 100.0 * wrong.item() / len(split)
 
+
+def resolve_step_mode(name: str, device: torch.device) -> str:
+    """`eager` or `compiled`; `auto` is compiled on CUDA and eager on a CPU, where compiling a ResNet-32's
+    modules takes minutes for little gain."""
+    if name not in STEP_MODES:
+        raise InfoProError(f"unknown step mode {name!r}; valid: {', '.join(STEP_MODES)}")
+    if name == "auto":
+        return "compiled" if device.type == "cuda" else "eager"
+    return name
+
+
+def compile_modules(modules: list, backend: str = "inductor") -> list:
+    """Each local module under `torch.compile`, for `train_step(modules=...)`: the same parameters and math.
+
+    Inductor fuses each module's BatchNorm, ReLU, residual adds and its objective's pointwise work
+    into fewer kernels, forward and backward; it keeps fp32 (TF32 where the eager step uses it),
+    so the numbers move only by the order of floating-point sums (tests/test_step_modes.py states
+    by how much). A module is one graph per batch shape (`dynamic=False`: the last, smaller batch
+    of an epoch gets its own graph instead of turning every graph dynamic), and the whole module
+    must compile (`fullgraph`). All modules run the code of `LocalModule.forward`, and dynamo counts
+    graphs per code object: the limit is raised to two graphs per module, and a run that would
+    exceed it fails instead of falling back to eager in silence.
+    """
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 2 * len(modules) + 2)
+    config.fail_on_recompile_limit_hit = True
+    return [torch.compile(module, fullgraph=True, dynamic=False, backend=backend) for module in modules]

@@ -22,7 +22,7 @@ from infopro.local import LocalNet
 from infopro.memory import SavedActivations, cuda_peak
 from infopro.records import encode_correct, read_json
 from infopro.rundir import OpenedRun, RunDir, load_splits, open_run
-from infopro.step import correct_per_image, evaluate, train_step
+from infopro.step import compile_modules, correct_per_image, evaluate, resolve_step_mode, train_step
 
 
 class Progress:
@@ -54,15 +54,19 @@ class OneProcess:
     writer = True   # evaluates, writes the run directory and logs
     modules = None  # the local modules train_step runs (None: the network's own)
     row: dict = {}  # extra columns of metrics.csv
+    step_mode = "eager"  # or "compiled" (`infopro.step.compile_modules`)
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device, step_mode: str = "eager"):
+        self.device, self.step_mode = device, step_mode
 
     def open_run(self, config: TrainConfig, out, data_root, download: bool, resume: bool) -> OpenedRun:
-        return open_run(config, out, load_splits(config, self.device, data_root, download), self.device, resume)
+        return open_run(config, out, load_splits(config, self.device, data_root, download), self.device, resume,
+                        step_mode=self.step_mode)
 
     def wrap(self, net: LocalNet) -> None:
-        """Nothing to do: the network trains as it is."""
+        """Compile the local modules in the compiled step mode; else the network trains as it is."""
+        if self.step_mode == "compiled":
+            self.modules = compile_modules(net.local_modules)
 
     def share(self, batch_size: int) -> tuple[slice, float]:
         """This process's rows of a batch and the weight of its mean losses: all of it, 1."""
@@ -145,7 +149,7 @@ class EpochBudget:
 
 def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, download: bool = False,
           resume: bool = False, stop_after_epoch: int | None = None, time_budget: float | None = None,
-          stop_when: Callable[[int], bool] | None = None, log=print,
+          stop_when: Callable[[int], bool] | None = None, log=print, step_mode: str = "auto",
           replicas: OneProcess | None = None) -> dict | None:
     """Train `config` into directory `out`; return the summary, or None if stopped early.
 
@@ -153,12 +157,15 @@ def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, dow
     epoch; `time_budget` (seconds) ends it after the last epoch that is expected to finish
     within the budget, judged by the duration of the epoch before; `stop_when(epoch)`, asked
     once the epoch is written, ends it when true (a replay that has parted from its record).
-    By default this process trains alone on `device`; with `replicas` =
+    By default this process trains alone on `device`, its steps in `step_mode` (auto: compiled on
+    CUDA, `infopro.step.resolve_step_mode`); with `replicas` =
     `infopro.data_parallel.DataParallel` it is one rank of a data-parallel job, and only rank 0
     evaluates, writes, logs and returns the summary. A non-finite loss or a failed write raises
     on rank 0, whose launcher then stops the ranks waiting for its word.
     """
-    replicas = replicas or OneProcess(resolve_device(device))
+    if replicas is None:
+        where = resolve_device(device)
+        replicas = OneProcess(where, resolve_step_mode(step_mode, where))
     budget = EpochBudget(stop_after_epoch, time_budget, stop_when)
     configure_backends(replicas.device)
     opened = replicas.open_run(config, out, data_root, download, resume)
