@@ -6,8 +6,9 @@
     python -m experiments.grid cpu-fixture --data-root .data --out results/runs
     python -m experiments.grid table2-resnet32 --measure-jobs 1 2 3 4 6     # which --jobs fills the GPU
 
-`--measure-jobs` runs N copies of the grid's first configuration at once for 2 epochs, for each
-N, and writes their aggregate images/s to results/bench/grid-jobs-<grid>-<device>.csv.
+`--measure-jobs` runs N copies of the grid's first configuration at once for 4 epochs, for each
+N, and writes their aggregate images/s over the window in which all N trained past their first
+epoch to results/bench/grid-jobs-<grid>-<device>.csv.
 `table2-resnet32` feeds Table 2 and fig7 (13 configurations per seed, the paper's 160-epoch
 recipe; on one H100, four runs at a time, 9 to 13 min per run of E2E, greedy SL and InfoPro at
 K = 2, about 17, 30 and 64 min for InfoPro (Contrast) at K = 4, 8, 16 and 13, 18 and 33 min for
@@ -29,8 +30,10 @@ from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS, dataset_source
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
-from infopro.grid import GRIDS, RunsFailed, get_grid, measure_jobs, run_grid, run_state, run_status, status_summary
+from infopro.grid import (GRIDS, MEASURED_EPOCHS, RunsFailed, get_grid, measure_jobs, run_grid, run_state, run_status,
+                          status_summary)
 from infopro.records import check_writable
+from infopro.step import STEP_MODES
 
 
 def parse_args(argv=None):
@@ -44,6 +47,8 @@ def parse_args(argv=None):
                    help="trainings to run at once (on one GPU: pick with --measure-jobs)")
     p.add_argument("--time-budget", type=positive, metavar="MIN", help="stop cleanly within MIN minutes")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--step", default="auto", choices=STEP_MODES,
+                   help="each training's step mode (experiments.train --step; default: auto, compiled on CUDA)")
     p.add_argument("--data-root")
     p.add_argument("--out", default="results/runs", help="folder holding one directory per run")
     p.add_argument("--status", action="store_true",
@@ -74,7 +79,7 @@ def main(argv=None):
         dataset_source(configs[0].dataset, args.data_root)  # missing data: one line, not one failure per run
     budget = None if args.time_budget is None else 60 * args.time_budget
     outcome = run_grid(configs, root, jobs=args.jobs, time_budget=budget, device=args.device,
-                       data_root=args.data_root)
+                       data_root=args.data_root, step=args.step)
     done = sum(state == "done" for state in outcome.states.values())
     print(f"{done} of {len(configs)} runs done" + ("" if done == len(configs) else "; run the command again to continue"))
     if outcome.failed:
@@ -113,8 +118,9 @@ def report_jobs(args, config) -> None:
     dataset_source(config.dataset, args.data_root)
     check_writable(args.bench_out)
     with tempfile.TemporaryDirectory(prefix="infopro-jobs-") as folder:
-        rows, trained_with = measure_jobs(config, args.measure_jobs, folder, device.type, args.data_root)
-    context = {"grid": args.grid, "run_id": config.run_id(), "measured_epochs": 2} | trained_with
+        rows, trained_with = measure_jobs(config, args.measure_jobs, folder, device.type, args.data_root,
+                                          step=args.step)
+    context = {"grid": args.grid, "run_id": config.run_id(), "measured_epochs": MEASURED_EPOCHS} | trained_with
     path = Path(args.bench_out) / f"grid-jobs-{args.grid}-{device_slug(device)}.csv"
     write_measurement(path, rows, context)
 

@@ -16,7 +16,7 @@ from infopro.cli import stop_children
 from infopro.config import TrainConfig
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, read_json
-from infopro.runs import last_epoch_images_per_second, read_metrics, select_by_run_id
+from infopro.runs import read_metrics, select_by_run_id
 
 PAPER_KS = (2, 4, 8, 16)
 SOFTMAX_VARIANTS = tuple(dict(regime="infopro", task_loss="softmax", K=K) for K in PAPER_KS)
@@ -202,15 +202,16 @@ def run_count(n: int) -> str:
     return f"{n} run{'s' if n != 1 else ''}"
 
 
-def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float | None = None) -> list[str]:
-    """The `experiments.train` command line that runs (or resumes) `config` into `out`.
+def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float | None = None,
+                  step: str = "auto") -> list[str]:
+    """The `experiments.train` command line that runs (or resumes) `config` into `out`, its steps in `step` mode.
 
     Paths are made absolute: the training runs in the repository root (where `experiments`
     imports from), which need not be where this process was started.
     """
     defaults = TrainConfig()
     command = [sys.executable, "-m", "experiments.train", "--out", str(Path(out).resolve()), "--resume",
-               "--device", device]
+               "--device", device, "--step", step]
     if minutes is not None:
         command += ["--time-budget", f"{minutes:.2f}"]
     if data_root is not None:
@@ -241,8 +242,8 @@ class GridOutcome:
 
 
 def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budget: float | None = None,
-             device: str = "auto", data_root=None, log=print) -> GridOutcome:
-    """Run every unfinished config, `jobs` at a time.
+             device: str = "auto", data_root=None, step: str = "auto", log=print) -> GridOutcome:
+    """Run every unfinished config, `jobs` at a time, their steps in `step` mode (`experiments.train --step`).
 
     Each run's output goes to `root/logs/<run id>.log`. A run that fails is reported with
     the last line of its log and does not stop the others. A run is started only with more
@@ -261,7 +262,7 @@ def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budg
                 config = pending.pop(0)
                 minutes = None if left is None else left / 60
                 logfile = open(root / "logs" / f"{config.run_id()}.log", "a")
-                command = train_command(config, root / config.run_id(), device, data_root, minutes)
+                command = train_command(config, root / config.run_id(), device, data_root, minutes, step)
                 running[subprocess.Popen(command, cwd=REPO_ROOT, stdout=logfile, stderr=subprocess.STDOUT)] = config
                 logfile.close()
                 log(f"started {config.run_id()}")
@@ -287,16 +288,23 @@ def last_line(root: Path, config: TrainConfig) -> str:
     return lines[-1] if lines else "no output"
 
 
+# Epochs of each measuring run: the first (compilation, autotuning) is left out, and runs started one
+# after another need a few more before all of them train at once.
+MEASURED_EPOCHS = 4
+
+
 def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "auto", data_root=None,
-                 epochs: int = 2) -> tuple[list[dict], dict]:
+                 epochs: int = MEASURED_EPOCHS, step: str = "auto") -> tuple[list[dict], dict]:
     """Aggregate training images/s with N copies of `config` running at once, for each N in `counts`.
 
     One training alone leaves a large GPU partly idle (small kernels, Python between them);
-    several share it until they only compete. For each N, N identical `epochs`-epoch runs
-    start together and their last epochs' images/s are added up; the best N is the `--jobs`
-    to give the grid. Returns one row per N, the best marked, and the provenance the measuring
-    runs recorded: the numerics they trained with (cuDNN autotuning, TF32) are set by each
-    training, never by the process that starts them.
+    several share it until they only compete. For each N, N identical `epochs`-epoch runs start
+    together, and their images/s are counted only over the window in which all N train in their
+    steady state (`steady_window`): a run's first epoch (compilation, cuDNN autotuning) and the
+    time after the first run ends, when fewer share the GPU, are left out. The best N is the
+    `--jobs` to give the grid. Returns one row per N, the best marked, and the provenance the
+    measuring runs recorded: the numerics they trained with (cuDNN autotuning, TF32, step mode)
+    are set by each training, never by the process that starts them.
     """
     short = replace(config, epochs=epochs)
     Path(folder).mkdir(parents=True, exist_ok=True)
@@ -307,16 +315,35 @@ def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "
         try:
             for run in runs:
                 with open(run.with_suffix(".log"), "w") as log:
-                    processes.append(subprocess.Popen(train_command(short, run, device, data_root), cwd=REPO_ROOT,
-                                                      stdout=log, stderr=subprocess.STDOUT))
+                    processes.append(subprocess.Popen(train_command(short, run, device, data_root, step=step),
+                                                      cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT))
             for process, run in zip(processes, runs):
                 if process.wait():
                     lines = run.with_suffix(".log").read_text().strip().splitlines()
                     raise InfoProError(f"a measuring run failed: {lines[-1] if lines else 'no output'}")
         finally:
             stop_children(processes)
-        speeds = [last_epoch_images_per_second(run) for run in runs]
-        rows.append({"jobs": n, "images_per_second": sum(speeds), "images_per_second_per_run": sum(speeds) / n})
+        images = read_json(runs[0] / "config.json")["dataset"]["train_size"]
+        window, trained = steady_window([read_metrics(run, ("epoch_seconds", "ended_at")) for run in runs], images)
+        rows.append({"jobs": n, "images_per_second": trained / window, "images_per_second_per_run": trained / window / n,
+                     "window_seconds": window})
     best = max(rows, key=lambda row: row["images_per_second"])["jobs"]
     trained_with = read_json(Path(folder) / f"jobs{counts[0]}-run0" / "config.json")["provenance"]
     return [row | {"best": row["jobs"] == best} for row in rows], trained_with
+
+
+def steady_window(metrics: list, images: int) -> tuple[float, float]:
+    """(seconds, training images) of the window in which every run of `metrics` (their metrics.csv) was
+    past its first epoch and none had ended: from the latest end of a first epoch to the earliest end
+    of a last one. An epoch partly inside counts in proportion to its time inside."""
+    start = max(m["ended_at"].iloc[0] for m in metrics)
+    end = min(m["ended_at"].iloc[-1] for m in metrics)
+    if end - start <= 0:
+        raise InfoProError("the measuring runs never all trained past their first epoch at once; give them more "
+                           "epochs")
+    trained = 0.0
+    for m in metrics:
+        for ended, seconds in zip(m["ended_at"], m["epoch_seconds"]):
+            inside = min(ended, end) - max(ended - seconds, start)
+            trained += images * max(inside, 0.0) / seconds
+    return end - start, trained

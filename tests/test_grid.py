@@ -13,8 +13,9 @@ import pytest
 
 from conftest import REPO, assert_free, run_cli, run_main, unfinished_copy
 from infopro.config import TrainConfig
-from infopro.grid import (RunStatus, get_grid, measure_jobs, run_grid, run_state, run_status, time_left_line,
-                          train_command)
+from infopro.errors import InfoProError
+from infopro.grid import (RunStatus, get_grid, measure_jobs, run_grid, run_state, run_status, steady_window,
+                          time_left_line, train_command)
 from infopro.selection import TABLE3_METHODS, method_key, run_of_method
 from infopro.train import train
 
@@ -94,11 +95,32 @@ def test_the_command_line_refuses_missing_data_before_any_run_and_fails_when_a_r
 def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):
     rows, trained_with = measure_jobs(CONFIGS[0], [1, 2], tmp_path, device="cpu")
     assert [row["jobs"] for row in rows] == [1, 2] and sum(row["best"] for row in rows) == 1
-    assert all(row["images_per_second"] > 0 for row in rows)
-    assert rows[1]["images_per_second"] == 2 * rows[1]["images_per_second_per_run"]
+    assert all(row["images_per_second"] > 0 and row["window_seconds"] > 0 for row in rows)
+    assert rows[1]["images_per_second"] == pytest.approx(2 * rows[1]["images_per_second_per_run"])
     # The provenance is the trainings' own record (only a run's has its precision), not this process's.
     recorded = json.loads((tmp_path / "jobs1-run0" / "config.json").read_text())["provenance"]
     assert trained_with == recorded and trained_with["precision"] == CONFIGS[0].precision
+
+
+def epochs(*intervals):
+    """metrics.csv columns of epochs that trained over the given (start, end) seconds."""
+    return pd.DataFrame({"epoch_seconds": [end - start for start, end in intervals],
+                         "ended_at": [end for _, end in intervals]})
+
+
+def test_concurrent_runs_count_only_while_all_train_past_their_first_epoch():
+    """Run b starts 1 s after a and both take 2 s an epoch: the window runs from b's first epoch's end
+    (3 s) to a's last (6 s), in which each run trains 1.5 of its 2-s epochs: half of 2-4 and 4-6 for a,
+    3-5 and half of 5-7 for b. Two runs at 50 images/s each: 100 images/s together."""
+    a, b = epochs((0, 2), (2, 4), (4, 6)), epochs((1, 3), (3, 5), (5, 7))
+    window, trained = steady_window([a, b], images=100)
+    assert window == 3 and trained / window == pytest.approx(100)
+
+
+def test_runs_that_never_trained_at_once_are_refused():
+    """Adding each run's last epoch would call two runs that ran one after the other twice as fast."""
+    with pytest.raises(InfoProError, match="never all trained past their first epoch at once"):
+        steady_window([epochs((0, 2), (2, 4)), epochs((4, 6), (6, 8))], images=100)
 
 
 def test_status_lists_every_run_of_the_grid(tmp_path):
