@@ -1,0 +1,87 @@
+"""Seconds per training epoch of the paper's ResNet-32 recipe, per step mode and precision.
+
+Table 3's step times say what one step costs; what a GPU lease buys is epochs. Each measurement
+trains a few epochs of a grid configuration into a scratch run directory, in a fresh process
+(`multiprocessing`'s spawn: no compiled graph, autotuning or allocator state carries over from
+the one before), and reads their times back from metrics.csv. The first epoch pays for cuDNN's
+autotuning and, in the compiled mode, for compilation; the epochs after it are the pace a
+160-epoch run trains at. `compile_seconds` is what the first epoch took beyond that pace, in
+either mode, so the compiled mode's cost is the difference of the two.
+"""
+
+import multiprocessing
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pandas as pd
+
+from infopro.config import TrainConfig
+from infopro.records import read_json
+from infopro.runs import read_metrics
+from infopro.train import train
+
+# The configurations a lease trains, cheapest to dearest: E2E, a local method, InfoPro's decoders at
+# K = 4 and at K = 16, where the most of them run.
+EPOCH_METHODS = (dict(regime="e2e", K=1), dict(regime="greedy", K=4),
+                 dict(regime="infopro", task_loss="contrast", K=4), dict(regime="infopro", task_loss="contrast", K=16))
+EPOCH_MODES = ("eager", "compiled")
+
+
+def method_key(method: dict) -> tuple[str, int]:
+    """(method, K) as the CSV names a configuration of `EPOCH_METHODS`: infopro-contrast, 4."""
+    label = f"infopro-{method['task_loss']}" if method["regime"] == "infopro" else method["regime"]
+    return label, method["K"]
+
+
+def measure_epochs(config: TrainConfig, step_mode: str, device: str, data_root=None) -> dict:
+    """Train `config` (its `epochs` epochs) in `step_mode` into a scratch directory; its epoch times."""
+    with tempfile.TemporaryDirectory(prefix="infopro-epochs-") as folder:
+        train(config, Path(folder) / "run", device=device, data_root=data_root, step_mode=step_mode,
+              log=lambda line: None)
+        seconds = read_metrics(Path(folder) / "run", ("epoch_seconds",))["epoch_seconds"]
+        record = read_json(Path(folder) / "run" / "config.json")
+    steady = float(seconds.iloc[1:].median())
+    return {"epoch_seconds": steady, "images_per_second": record["dataset"]["train_size"] / steady,
+            "first_epoch_seconds": float(seconds.iloc[0]),
+            "compile_seconds": float(seconds.iloc[0]) - steady, "measured_epochs": len(seconds) - 1} | record["provenance"]
+
+
+def in_fresh_process(function, *args):
+    """`function(*args)` in a process of its own, started afresh (spawn), which ends with it."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
+
+
+def epoch_rows(recipe: TrainConfig, methods, modes, precisions, device, data_root=None, done=(), log=print):
+    """One row per method, step mode and precision not in `done` (their (method, K, mode, precision)),
+    each yielded as soon as it is measured, so that a caller can write it before the next one starts."""
+    for method in methods:
+        for precision in precisions:
+            for mode in modes:
+                config = TrainConfig(**asdict(recipe) | method | {"precision": precision})
+                key = (*method_key(method), mode, precision)
+                if key in done:
+                    continue
+                row = dict(zip(("method", "K", "mode", "precision"), key)) | {"jobs": 1}
+                row |= in_fresh_process(measure_epochs, config, mode, device, data_root)
+                log(f"{row['method']:<17} K={config.K:<3} {mode:<9} {precision}: {row['epoch_seconds']:.2f} s an epoch, "
+                    f"first {row['first_epoch_seconds']:.1f} s")
+                yield row
+
+
+def short_recipe(recipe: TrainConfig, epochs: int) -> TrainConfig:
+    """`recipe` cut to `epochs` epochs; the warm-up is cut with it, so the learning rate stays the recipe's
+    kind of schedule (the time of an epoch does not depend on it)."""
+    return replace(recipe, epochs=epochs, warmup_epochs=min(recipe.warmup_epochs, epochs - 1))
+
+
+def fastest_mode(table: pd.DataFrame) -> str | None:
+    """The step mode with the least summed fp32 epoch time over the methods measured in every mode: the mode
+    a grid trains in. None when fewer than two modes have a common method measured."""
+    fp32 = table[table["precision"] == "fp32"]
+    common = fp32.pivot_table(index=["method", "K"], columns="mode", values="epoch_seconds").dropna()
+    if common.empty or common.shape[1] < 2:
+        return None
+    return str(common.sum().idxmin())

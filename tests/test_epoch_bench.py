@@ -1,0 +1,52 @@
+"""The epoch benchmark: rows per method and step mode, resumable, and the mode the grids train in."""
+
+import pandas as pd
+import pytest
+
+from conftest import run_main
+from infopro.config import TrainConfig
+from infopro.epoch_bench import EPOCH_METHODS, epoch_rows, fastest_mode, method_key, short_recipe
+
+
+def test_the_fastest_mode_sums_only_methods_every_mode_measured():
+    table = pd.DataFrame([
+        dict(method="e2e", K=1, mode="eager", precision="fp32", epoch_seconds=1.0),
+        dict(method="e2e", K=1, mode="compiled", precision="fp32", epoch_seconds=0.6),
+        dict(method="infopro-contrast", K=16, mode="eager", precision="fp32", epoch_seconds=3.4),  # eager alone
+        dict(method="e2e", K=1, mode="eager", precision="bf16", epoch_seconds=0.1)])
+    assert fastest_mode(table) == "compiled"
+    assert fastest_mode(table[table["mode"] == "eager"]) is None
+    table.loc[1, "epoch_seconds"] = 1.2
+    assert fastest_mode(table) == "eager"
+
+
+def test_a_short_recipe_keeps_a_warm_up_shorter_than_itself():
+    short = short_recipe(TrainConfig(), 3)
+    assert (short.epochs, short.warmup_epochs, short.batch_size) == (3, 2, 1024)
+
+
+@pytest.mark.slow
+def test_each_row_times_the_epochs_after_the_first_in_a_fresh_process():
+    recipe = short_recipe(TrainConfig(dataset="synthetic", train_subset=128, test_subset=32, batch_size=64), 3)
+    rows = list(epoch_rows(recipe, EPOCH_METHODS[:1], ["eager"], ["fp32"], "cpu", log=lambda line: None))
+    (row,) = rows
+    assert (row["method"], row["K"], row["mode"], row["precision"], row["jobs"]) == ("e2e", 1, "eager", "fp32", 1)
+    assert row["measured_epochs"] == 2 and row["step_mode"] == "eager"
+    assert row["images_per_second"] == pytest.approx(128 / row["epoch_seconds"])
+    assert row["compile_seconds"] == pytest.approx(row["first_epoch_seconds"] - row["epoch_seconds"])
+
+
+def test_a_complete_file_is_continued_without_measuring_again(tmp_path):
+    rows = [dict(method=method_key(method)[0], K=method_key(method)[1], mode=mode, precision="fp32",
+                 epoch_seconds=1.0) for method in EPOCH_METHODS for mode in ("eager", "compiled")]
+    pd.DataFrame(rows).to_csv(tmp_path / "epoch-resnet32-cpu.csv", index=False)
+    result = run_main("experiments.bench_epochs", "--dataset", "synthetic", "--device", "cpu", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert pd.read_csv(tmp_path / "epoch-resnet32-cpu.csv").equals(pd.DataFrame(rows))
+
+
+def test_missing_data_is_one_line_before_any_measurement(tmp_path):
+    result = run_main("experiments.bench_epochs", "--dataset", "cifar10-jpeg", "--data-root", str(tmp_path / "none"),
+                      "--device", "cpu", "--out", str(tmp_path))
+    assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "epoch-resnet32-cpu.csv").exists()
