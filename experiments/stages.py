@@ -3,12 +3,14 @@
 The GPU-lease workflow behind `python -m experiments.reproduce`, kept at the edge of the
 repository: the library knows nothing of leases. GPU time comes in short leases, so the work is
 cut into stages, each skipped once the file it writes exists (grids resume their partial runs):
-calling again continues where the last call stopped. The measurements come first (the Table 3
-benchmark and the input pipeline, module-parallel throughput, the max-batch search, the grid's
---jobs measurement, the profiles, the re-timing), then the project's order of training and
-analysis: the remainder estimator's budget and its estimates of the seed-0 E2E and greedy SL
-networks (the paper's figure), DGL's seed-0 row, the unfinished runs of Table 2, the other
-seed-0 networks' estimates, then the remaining seeds of Table 2 and DGL. A lent machine is lost
+calling again continues where the last call stopped. The measurements come first (seconds per
+epoch in each step mode, which decides the mode every grid trains in; the Table 3 benchmark and
+the input pipeline, module-parallel throughput, the max-batch search, the grid's --jobs
+measurement, the profiles, the re-timing), then the project's order of training and analysis:
+the remainder estimator's budget and its estimates of the seed-0 E2E and greedy SL networks (the
+paper's figure), DGL's seed-0 row, the unfinished runs of Table 2, the other seed-0 networks'
+estimates, the remaining seeds of Table 2 and DGL, then bf16 twins of two fp32 runs (evidence
+before bf16 trains any grid). A lent machine is lost
 with everything on it, so a call can pack what it wrote (`pack`) for the way back. The other
 analyses of finished runs (probes, the 1c2f estimates) run on a CPU as well (`make probes
 mutual-info figures tables`).
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infopro.bench import default_methods
+from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, fastest_mode, method_key
 from infopro.cli import call
 from infopro.grid import get_grid, run_state, run_status, status_summary
 from infopro.errors import InfoProError
@@ -29,6 +32,7 @@ from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
+BF16_GRID = "bf16-twins-resnet32"  # evidence for bf16 before any new grid trains in it: after every fp32 run
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
                      "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4")
 STEP_TABLE = "resnet110-b1024-fp32-"  # the benchmark's Table 3 step table, before its device slug
@@ -108,13 +112,43 @@ def times_every_method(table: Path) -> bool:
         read_table(table, "delete it to time the methods again", ("method",))["method"])
 
 
-def best_jobs(bench: Path) -> int:
-    """The number of concurrent trainings that gave the most images/s on a GPU (1 if unmeasured)."""
-    files = gpu_files(bench, f"grid-jobs-{GRID}-*.csv")
+def steady_jobs_files(bench: Path, gpu: str | None = None) -> list[Path]:
+    """The `grid --measure-jobs` files of `gpu` (None: any GPU) that counted images/s only while every run
+    trained at once (their `window_seconds`); an older file added up the last epochs of runs that had
+    not all overlapped, which overstated what several runs at once give."""
+    files = gpu_files(bench, f"grid-jobs-{GRID}-{gpu or '*'}.csv")
+    return [path for path in files if "window_seconds" in read_table(
+        path, "delete it to measure again with `grid --measure-jobs`", ("jobs", "best")).columns]
+
+
+def best_jobs(bench: Path, gpu: str | None) -> int:
+    """The number of concurrent trainings that gave the most images/s on `gpu` (1 if unmeasured)."""
+    files = steady_jobs_files(bench, gpu)
     if not files:
         return 1
     table = read_table(files[-1], "delete it to measure again with `grid --measure-jobs`", ("jobs", "best"))
     return int(table.loc[table["best"], "jobs"].iloc[0])
+
+
+def epochs_measured(bench: Path, gpu: str | None = None) -> bool:
+    """Whether the epoch benchmark of `gpu` (None: any GPU) timed every method of it in every fp32 step mode."""
+    wanted = {(*method_key(method), mode) for method in EPOCH_METHODS for mode in EPOCH_MODES}
+    for path in gpu_files(bench, f"epoch-resnet32-{gpu or '*'}.csv"):
+        table = read_table(path, "delete it to measure the epochs again", ("method", "K", "mode", "precision"))
+        fp32 = table[table["precision"] == "fp32"]
+        if wanted <= set(zip(fp32["method"], fp32["K"], fp32["mode"])):
+            return True
+    return False
+
+
+def training_step_mode(bench: Path, gpu: str | None) -> str:
+    """The step mode the grids train in on `gpu`: the fastest fp32 mode its epoch benchmark measured, or
+    `auto` (compiled on CUDA) before it has measured both."""
+    files = gpu_files(bench, f"epoch-resnet32-{gpu}.csv") if gpu else []
+    if not files:
+        return "auto"
+    return fastest_mode(read_table(files[-1], "delete it to measure the epochs again",
+                                   ("method", "K", "mode", "precision", "epoch_seconds"))) or "auto"
 
 
 def ceiling_measured(ceilings: Path) -> bool:
@@ -155,8 +189,9 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                  else f"seed {', '.join(map(str, seeds))}")
         return Stage(name, f"the {grid_name} grid on {GRID_DATASET}, {which}, resumable",
                      lambda: all(run_state(config, runs) == "done" for config in configs),
-                     lambda left: python + ["experiments.grid", grid_name, *data, "--jobs", str(best_jobs(bench)),
-                                            "--time-budget", f"{left:.1f}", "--out", str(runs)]
+                     lambda left: python + ["experiments.grid", grid_name, *data, "--jobs", str(best_jobs(bench, gpu)),
+                                            "--step", training_step_mode(bench, gpu), "--time-budget", f"{left:.1f}",
+                                            "--out", str(runs)]
                      + (["--seeds", *map(str, seeds)] if seeds else []) + (["--only", *only] if only else []),
                      minutes=2,
                      progress=lambda: status_summary([run_status(config, runs) for config in configs]))
@@ -179,6 +214,11 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                 for network, run_id in zip(networks, ids) if (runs / run_id / "model.pt").is_file()]
 
     return [
+        Stage("epoch-bench", "seconds per ResNet-32 epoch, eager and compiled steps, fp32: E2E, greedy SL K = 4, "
+                             "InfoPro (Contrast) K = 4 and 16 (the grids train in the faster mode)",
+              lambda: epochs_measured(bench, gpu),
+              lambda left: python + ["experiments.bench_epochs", *data, "--out", str(bench)],
+              minutes=3),
         Stage("table3", "every method's step time and memory, ResNet-110, batch 1024, fp32; our input "
                         "pipeline against a DataLoader",
               lambda: bool(gpu_files(bench, f"{STEP_TABLE}*.csv") and gpu_files(bench, f"{PIPELINE}*.csv")),
@@ -194,11 +234,11 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
               lambda left: python + ["experiments.bench", "--measure", "max-batch", "--caps", "2,4,8",
                                      "--methods", *MAX_BATCH_METHODS, "--out", str(bench)],
               minutes=10),
-        Stage("grid-jobs", f"how many trainings at once fill the GPU ({GRID})",
-              lambda: bool(gpu_files(bench, f"grid-jobs-{GRID}-*.csv")),
-              lambda left: python + ["experiments.grid", GRID, *data, "--measure-jobs", "1", "2", "4", "6",
-                                     "--bench-out", str(bench)],
-              minutes=4),
+        Stage("grid-jobs", f"how many trainings at once fill the GPU ({GRID}), counted while all of them train",
+              lambda: bool(steady_jobs_files(bench, gpu)),
+              lambda left: python + ["experiments.grid", GRID, *data, "--measure-jobs", "1", "2", "4",
+                                     "--step", training_step_mode(bench, gpu), "--bench-out", str(bench)],
+              minutes=3),
         Stage("profile", "the operators a step's time goes to and where the GPU's idle time goes, ResNet-110, "
                          "batch 1024: E2E, checkpointing, greedy SL, InfoPro and InfoPro* at K = 4, InfoPro at K = 16",
               lambda: profiled(bench, gpu),
@@ -232,6 +272,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
         grid_stage("table2", GRID),
         *remainder_stages(REMAINDER_LATER),
         grid_stage("dgl", DGL_GRID),
+        grid_stage("bf16-twins", BF16_GRID),
     ]
 
 

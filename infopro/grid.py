@@ -89,6 +89,11 @@ GRIDS = {
         "Paper Table 3's test errors, ResNet-110 on CIFAR-10: E2E (gradient checkpointing trains the same "
         "network) and InfoPro* (memory-balanced splits) at K=2,3,4; the paper's recipe",
         dict(arch="resnet110", dataset="cifar10"), (dict(regime="e2e", K=1),) + BALANCED_VARIANTS, seeds=(0, 1, 2)),
+    "bf16-twins-resnet32": Grid(
+        "bf16 against fp32 before bf16 trains a grid: E2E and InfoPro (Contrast) K=4 of table2-resnet32 at seed 0, "
+        "in bf16 autocast (their fp32 seeds are table2-resnet32's)",
+        dict(arch="resnet32", dataset="cifar10", precision="bf16"),
+        (dict(regime="e2e", K=1), dict(regime="infopro", task_loss="contrast", K=4))),
     "cpu-fixture": Grid(
         "Small real fixture made on CPU so that figures build before GPU runs exist: ResNet-32 on "
         "10,000 cifar10-jpeg training images, 12 epochs, batch 128, lr 0.1; E2E, greedy SL, InfoPro "

@@ -42,8 +42,9 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     bench = tmp_path / "bench"
     bench.mkdir()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
-    assert list(plan) == ["table3", "module-parallel", "max-batch", "grid-jobs", "profile", "profile-resnet32",
-                          "retime", "remainder-ceiling", "dgl-seed0", "table2", "dgl"]  # no run has weights here
+    assert list(plan) == ["epoch-bench", "table3", "module-parallel", "max-batch", "grid-jobs", "profile",
+                          "profile-resnet32", "retime", "remainder-ceiling", "dgl-seed0", "table2", "dgl",
+                          "bf16-twins"]  # no run has weights here
     assert not any(stage.done() for stage in plan.values())
     for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-fp32-cpu.csv"):
         (bench / name).touch()
@@ -59,16 +60,44 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     assert plan["profile"].done() and not plan["profile-resnet32"].done()
     (bench / "idle-resnet32-b1024-fp32-nvidia-h100.csv").touch()
     assert plan["profile-resnet32"].done()
-    assert best_jobs(bench) == 1
+    assert best_jobs(bench, None) == 1
     retime = plan["retime"].command(9.0)
     assert retime[retime.index("--out") + 1] == str(bench.resolve() / "remeasured")
-    pd.DataFrame({"jobs": [1, 2, 4], "best": [False, True, False]}).to_csv(
-        bench / "grid-jobs-table2-resnet32-nvidia-h100.csv", index=False)
+    jobs = bench / "grid-jobs-table2-resnet32-nvidia-h100.csv"
+    pd.DataFrame({"jobs": [1, 2, 4], "best": [False, True, False]}).to_csv(jobs, index=False)
+    assert not plan["grid-jobs"].done() and best_jobs(bench, None) == 1  # summed runs that did not all overlap
+    pd.DataFrame({"jobs": [1, 2, 4], "best": [False, True, False], "window_seconds": [9.0, 8.0, 7.0]}).to_csv(
+        jobs, index=False)
+    assert plan["grid-jobs"].done()
     command = plan["table2"].command(12.5)
     assert command[command.index("--jobs") + 1] == "2" and command[command.index("--time-budget") + 1] == "12.5"
     assert command[command.index("--dataset") + 1] == "cifar10-jpeg"
     dgl = plan["dgl"].command(3.0)
     assert dgl[dgl.index("experiments.grid") + 1] == "table2-dgl-resnet32" and dgl[dgl.index("--jobs") + 1] == "2"
+
+
+def test_the_grids_train_in_the_fastest_step_mode_the_gpus_epoch_benchmark_measured(tmp_path):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    plan = {stage.name: stage for stage in stages(tmp_path, None, "nvidia-h100")}
+
+    def step_of(stage):
+        command = plan[stage].command(10.0)
+        return command[command.index("--step") + 1]
+
+    assert step_of("table2") == step_of("grid-jobs") == "auto" and not plan["epoch-bench"].done()
+    rows = [{"method": method, "K": K, "mode": mode, "precision": "fp32",
+             "epoch_seconds": {"eager": 1.0, "compiled": 1.5}[mode] * K}
+            for method, K in (("e2e", 1), ("greedy", 4), ("infopro-contrast", 4), ("infopro-contrast", 16))
+            for mode in ("eager", "compiled")]
+    pd.DataFrame(rows[:-1]).to_csv(bench / "epoch-resnet32-nvidia-h100.csv", index=False)
+    assert not plan["epoch-bench"].done() and step_of("table2") == "eager"  # one row left to measure
+    pd.DataFrame(rows).to_csv(bench / "epoch-resnet32-nvidia-h100.csv", index=False)
+    assert plan["epoch-bench"].done() and step_of("table2") == step_of("dgl") == "eager"
+    for row in rows:
+        row["epoch_seconds"] *= 0.5 if row["mode"] == "compiled" else 1
+    pd.DataFrame(rows).to_csv(bench / "epoch-resnet32-nvidia-h100.csv", index=False)
+    assert step_of("table2") == step_of("grid-jobs") == "compiled"
 
 
 def test_retime_is_done_once_the_gpus_step_table_has_a_twin_timing_every_method(tmp_path):
@@ -125,10 +154,10 @@ def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
     lines = result.stdout.splitlines()
     stage_lines = [line for line in lines if not line.startswith(" ")]
-    assert result.returncode == 0 and len(stage_lines) == 11 and len(lines) == 17
+    assert result.returncode == 0 and len(stage_lines) == 13 and len(lines) == 21
     assert all(line.startswith("to do") for line in stage_lines)
-    assert [line.split()[2] for line in stage_lines[-2:]] == ["table2", "dgl"]
-    for stage, runs in ((-6, 39), (-3, 12)):  # each grid stage ends with `grid --status`'s two totals
+    assert [line.split()[2] for line in stage_lines[-3:]] == ["table2", "dgl", "bf16-twins"]
+    for stage, runs in ((-9, 39), (-6, 12), (-3, 2)):  # each grid stage ends with `grid --status`'s two totals
         counts, left = lines[stage + 1:][:2]
         assert (counts.strip(), left.strip()) == (f"0 done, 0 partial, {runs} missing",
                                                   f"{runs} runs not timed (no seed of theirs has run an epoch)")
@@ -291,8 +320,8 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     partial.mkdir()
     (partial / "metrics.csv").write_text("epoch\n1\n")
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
-    assert list(plan)[7:] == ["remainder-ceiling", "remainder:e2e-K1", "remainder:greedy-K4", "dgl-seed0",
-                              "table2-unfinished", "table2", "remainder:infopro-contrast-K2", "dgl"]
+    assert list(plan)[8:] == ["remainder-ceiling", "remainder:e2e-K1", "remainder:greedy-K4", "dgl-seed0",
+                              "table2-unfinished", "table2", "remainder:infopro-contrast-K2", "dgl", "bf16-twins"]
     unfinished = plan["table2-unfinished"].command(5.0)
     assert unfinished[unfinished.index("--only") + 1:] == ["cifar10-jpeg-resnet32-greedy-K2-s1"]
     layers = plan["remainder:greedy-K4"].command(5.0)
