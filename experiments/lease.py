@@ -1,0 +1,153 @@
+"""One GPU lease, one detached job: start the lease's work once, then wait on it and bring its results home.
+
+    python -m experiments.lease start --minutes 11 --data-root .data   # first call: returns at once
+    python -m experiments.lease wait --seconds 540 --pack-to $OUT       # each later call, back to back
+
+A lent machine takes one command at a time (at most 10 minutes), is given back 30 s after a command
+ends, and only what a command leaves under $OUT comes back. Run in the foreground, the lease's work
+(`experiments.reproduce`) would have to be cut into calls, each restarting its trainings from
+packed checkpoints. `start` starts it instead in a process session of its own, which outlives the
+call, with a time budget that ends it, at an epoch boundary, before the lease does; each `wait`
+prints the job's new log lines while it runs, and at its end packs every results file the lease
+has written so far (`experiments.stages.pack`: checkpoints included, never a half-written file)
+into $OUT. The next call must come within the machine's idle time, or the job is lost with it.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from experiments.stages import pack, results_since
+from infopro.cli import ArgumentParser, positive, run
+from infopro.errors import InfoProError
+from infopro.records import REPO_ROOT, check_writable, write_json
+
+STATE = REPO_ROOT / ".lease"      # the job's pid, start, log and exit status (git ignores it)
+RETURNED_PARTS = 8                # a command brings back at most 8 files of 16 MiB
+PROGRESS_SECONDS = 60
+STARTUP_SECONDS = 10  # `start` waits this long for a job that fails at once
+
+
+def start_job(command: list[str], state: Path, log: Path) -> dict:
+    """Start `command` in the repository root in a session of its own (it survives the call that starts it),
+    its output to `log`, its exit status to `state`/exit when it ends; refuse while another job runs."""
+    if job_running(state):
+        raise InfoProError(f"a lease job is running already (pid {read_state(state)['pid']}); "
+                           "`python -m experiments.lease wait` follows it")
+    state.mkdir(parents=True, exist_ok=True)
+    for previous in ("exit", "shown"):
+        (state / previous).unlink(missing_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    shell = f"{shlex.join(command)}; echo $? > {shlex.quote(str(state / 'exit'))}"
+    with open(log, "a") as output:
+        process = subprocess.Popen(["sh", "-c", shell], cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    job = {"pid": process.pid, "started": time.time(), "log": str(log), "command": command}
+    write_json(state / "job.json", job)
+    return job
+
+
+def read_state(state: Path) -> dict:
+    if not (state / "job.json").is_file():
+        raise InfoProError("no lease job was started here; `python -m experiments.lease start` starts one")
+    return json.loads((state / "job.json").read_text())
+
+
+def exit_status(state: Path) -> int | None:
+    """The job's exit status once it has ended (None while it runs)."""
+    written = (state / "exit").read_text().strip() if (state / "exit").is_file() else ""
+    return int(written) if written else None
+
+
+def job_running(state: Path) -> bool:
+    if not (state / "job.json").is_file() or exit_status(state) is not None:
+        return False
+    try:
+        os.kill(read_state(state)["pid"], 0)
+    except ProcessLookupError:
+        return False  # ended without writing its status: killed with its session
+    return True
+
+
+def follow(state: Path, seconds: float, log=print, poll: float = PROGRESS_SECONDS) -> int | None:
+    """Print the job's log lines not shown before (by this call or an earlier one) every `poll` seconds for
+    up to `seconds`, or until it ends; returns its exit status (None: still running)."""
+    job, seen = read_state(state), state / "shown"
+    deadline = time.monotonic() + seconds
+    while True:
+        text = Path(job["log"]).read_text() if Path(job["log"]).is_file() else ""
+        lines = text.split("\n")[:-1]  # whole lines only: the last may be half written
+        shown = int(seen.read_text()) if seen.is_file() else 0
+        for line in lines[shown:]:
+            log(line)
+        seen.write_text(str(len(lines)))
+        running = job_running(state)
+        if not running or time.monotonic() >= deadline:
+            return None if running else exit_status(state)
+        time.sleep(min(poll, max(deadline - time.monotonic(), 0.1)))
+
+
+def pack_lease(state: Path, results: Path, out: Path, max_bytes: int, log=print) -> list[Path]:
+    """Every results file written since the job started, in tar parts under `out`; says if some would not
+    come back from the call (more parts than it returns)."""
+    parts = pack(results_since(results, read_state(state)["started"]), results.parent, out, max_bytes)
+    log(f"packed {len(parts)} part{'s' * (len(parts) != 1)} into {out}")
+    if len(parts) > RETURNED_PARTS:
+        log(f"warning: only {RETURNED_PARTS} files come back from a call; parts {RETURNED_PARTS + 1} to "
+            f"{len(parts)} stay on the machine")
+    return parts
+
+
+def reproduce_command(minutes: float, data_root: str | None, results: Path) -> list[str]:
+    return [sys.executable, "-u", "-m", "experiments.reproduce", "--time-budget", f"{minutes:g}",
+            "--results", str(results)] + (["--data-root", str(Path(data_root).resolve())] if data_root else [])
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(prog="python -m experiments.lease", description=__doc__.split("\n\n")[0])
+    commands = p.add_subparsers(dest="action", required=True)
+    start = commands.add_parser("start", help="start the lease's work detached and return")
+    start.add_argument("--minutes", type=positive, required=True,
+                       help="the job's time budget: end it this long before the lease's device time does")
+    start.add_argument("--data-root", help="folder or archive holding the cifar10-jpeg copy")
+    wait = commands.add_parser("wait", help="follow the job, then pack what the lease wrote")
+    wait.add_argument("--seconds", type=positive, default=540, help="return after this long (default: 540)")
+    wait.add_argument("--pack-to", metavar="DIR", help="pack every results file the lease wrote into DIR")
+    wait.add_argument("--pack-mib", type=positive, default=15, metavar="MIB", help="largest part (default: 15 MiB)")
+    for command in (start, wait):
+        command.add_argument("--results", default="results", help="the results folder (default: results)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    results = Path(args.results).resolve()
+    if args.action == "start":
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d-%H%M")
+        job = start_job(reproduce_command(args.minutes, args.data_root, results), STATE,
+                        results / "bench" / "logs" / f"lease-{stamp}.log")
+        print(f"started the lease's job (pid {job['pid']}, {args.minutes:g} min); its log: {job['log']}")
+        status = follow(STATE, STARTUP_SECONDS, poll=1)  # a job refused at once (no GPU, uncommitted code)
+        if status:
+            raise InfoProError(f"the lease's job ended at once with exit status {status} (its log is above)")
+        return
+    if args.pack_to:
+        check_writable(args.pack_to)
+    status = follow(STATE, args.seconds)
+    if args.pack_to:
+        pack_lease(STATE, results, Path(args.pack_to), int(args.pack_mib * 2**20))
+    if status is None:
+        print("the job runs on: call `wait` again within the machine's idle time")
+    elif status:
+        raise InfoProError(f"the lease's job ended with exit status {status} (its log is above)")
+    else:
+        print("the lease's job has ended")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,53 @@
+"""A lease's detached job: started once, outlives its starter, followed and packed by later calls."""
+
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+
+from conftest import REPO
+from experiments.lease import follow, job_running, pack_lease, start_job
+from infopro.errors import InfoProError
+
+
+def writer_job(results, seconds: float, code: int = 0) -> list[str]:
+    """A stand-in for `experiments.reproduce`: writes a run's metrics, then works `seconds` more."""
+    run = results / "runs" / "r"
+    script = (f"import pathlib, time; run = pathlib.Path({str(run)!r}); run.mkdir(parents=True); "
+              f"(run / 'metrics.csv').write_text('epoch\\n1\\n'); print('epoch 1', flush=True); "
+              f"time.sleep({seconds}); print('done', flush=True); raise SystemExit({code})")
+    return [sys.executable, "-c", script]
+
+
+def test_a_job_outlives_the_call_that_started_it_and_is_packed_when_followed(tmp_path):
+    results, state = tmp_path / "results", tmp_path / ".lease"
+    starter = (f"from experiments.lease import start_job; import pathlib; "
+               f"start_job({writer_job(results, 2)!r}, pathlib.Path({str(state)!r}), "
+               f"pathlib.Path({str(results / 'job.log')!r}))")
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", starter], cwd=REPO, check=True)
+    assert time.monotonic() - began < 10 and job_running(state)  # the starter ended; its job did not
+    lines = []
+    assert follow(state, 0.1, log=lines.append, poll=0.1) is None  # still running: no status yet
+    assert follow(state, 30, log=lines.append, poll=0.2) == 0 and not job_running(state)
+    assert lines.count("epoch 1") == 1 and lines[-1] == "done"  # each line shown once
+    parts = pack_lease(state, results, tmp_path / "out", 2**20, log=lambda line: None)
+    with tarfile.open(parts[0]) as tar:
+        assert sorted(tar.getnames()) == ["results/job.log", "results/runs/r/metrics.csv"]
+
+
+def test_a_second_job_is_refused_while_one_runs_and_a_failure_is_its_status(tmp_path):
+    results, state = tmp_path / "results", tmp_path / ".lease"
+    start_job(writer_job(results, 1.5, code=3), state, results / "job.log")
+    with pytest.raises(InfoProError, match="a lease job is running already"):
+        start_job(writer_job(results, 0), state, results / "job.log")
+    assert follow(state, 30, log=lambda line: None, poll=0.2) == 3
+
+
+def test_following_without_a_job_is_one_line():
+    result = subprocess.run([sys.executable, "-m", "experiments.lease", "wait", "--seconds", "1",
+                             "--results", "/nonexistent"], cwd=REPO, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    assert result.returncode != 0 and result.stderr.strip().count("\n") == 0, result.stderr
