@@ -18,15 +18,14 @@ On 2 CPU cores a ResNet-110 step at batch 1024 takes about 30 s: the committed C
 depend on shapes only; the committed work counts were made on the CPU, one step per method.
 """
 
-import argparse
-import json
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from infopro.bench import (Method, count_work, cuda_peak_bytes, default_methods, device_slug, max_batches, measure,
-                           profile_step, run_methods, run_profiles, search_max_batches, summary_table)
+from infopro.bench import count_work, device_slug, summary_table
+from infopro.bench_methods import Method, default_methods
+from infopro.bench_runner import max_batches, run_methods, run_profiles
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.config import PRECISIONS
 from infopro.device import configure_backends, resolve_device
@@ -61,9 +60,6 @@ def parse_args(argv=None):
                    help="CUDA allocation caps for --measure max-batch (default 2,4,8)")
     p.add_argument("--pipeline-images", type=at_least(1), help="images in that epoch (default 50000; 512 with --quick)")
     p.add_argument("--out", default="results/bench", help="folder for the CSVs")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--search-caps", type=gib_list, help=argparse.SUPPRESS)
-    p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -74,20 +70,6 @@ def parse_args(argv=None):
 def gib_list(text: str) -> list[float]:
     """'2,4,8' -> [2.0, 4.0, 8.0] (GiB), for argparse: each cap a finite number above 0."""
     return [positive(cap) for cap in text.split(",")]
-
-
-def worker(args) -> None:
-    """Measure one method in this (fresh) process and print its record as one JSON line."""
-    device = resolve_device(args.device)
-    method = Method.parse(args.worker)
-    if args.search_caps:
-        peak_bytes = cuda_peak_bytes(method, args.arch, args.precision, device)
-        record = {"max_batch": search_max_batches(peak_bytes, [cap * 2**30 for cap in args.search_caps])}
-    elif args.profile:
-        record = profile_step(method, args.arch, args.batch_size, args.precision, device, args.steps, args.warmup)
-    else:
-        record = measure(method, args.arch, args.batch_size, args.precision, device, args.steps, args.warmup)
-    print(json.dumps(record))
 
 
 def max_batch_rows(methods: list[str], caps: list[float], args, context: dict) -> list[dict]:
@@ -107,8 +89,6 @@ def max_batch_rows(methods: list[str], caps: list[float], args, context: dict) -
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.worker:
-        return worker(args)
     methods = args.methods or default_methods(args.arch)
     for label in methods:
         Method.parse(label).check(args.arch)  # refuse a bad method before spending any time

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from infopro.bench import default_methods
-from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, fastest_mode, method_key
+from infopro.bench_methods import default_methods
 from infopro.cli import call
-from infopro.grid import get_grid, run_state, run_status, status_summary
+from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, fastest_mode, method_key
 from infopro.errors import InfoProError
+from infopro.grid import get_grid, run_state, run_status, status_summary
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"

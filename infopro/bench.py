@@ -1,18 +1,7 @@
 """Memory and speed of one training step, under one protocol, for every family of memory saving.
 
-Methods (each measured in a fresh process, so no allocator state leaks between them):
-
-* ``e2e``                    end-to-end training;
-* ``checkpoint``             E2E with gradient checkpointing over ceil(sqrt(n)) segments of the
-                             n layers (Chen et al., 2016; `torch.utils.checkpoint`, non-reentrant);
-* ``offload``                E2E with every saved activation kept in (pinned) host memory
-                             (`torch.autograd.graph.save_on_cpu`; vDNN-style);
-* ``greedy:K``, ``infopro:K`` local learning with the paper's equal-depth splits;
-* ``dgl:K``                  DGL's MLP-SR auxiliary classifiers (not in the default set);
-* ``infopro-softmax:K``      InfoPro with the softmax cross-entropy task term instead of the
-                             contrastive one (not in the default set: it saves no more memory);
-* ``infopro-balanced:K``     InfoPro* (ResNet-110, K = 2, 3, 4: memory-balanced splits);
-* ``infopro+checkpoint:K``   InfoPro with checkpointing inside each local module.
+The methods are `infopro.bench_methods`'s; each is measured in a fresh process (`infopro.bench_runner`),
+so no allocator state leaks between them.
 
 Measures per method, after warm-up steps (which include cuDNN's autotuning):
 median step time (CUDA events, no per-step synchronisation; wall clock on CPU) and images/s;
@@ -39,19 +28,12 @@ time on the device (the kernels it launched; on a CPU its own time) per step, fr
 also where the GPU's idle time in those steps goes, read from the trace's timeline
 (`infopro.trace`: waiting for the host's dispatch, a synchronisation, the allocator, or queued).
 
-Max batch (CUDA): per method, the largest batch that trains under each allocation cap, found
-by real trials in one fresh process per method (`search_max_batches`).
+The largest batch under a memory cap: `infopro.max_batch`.
 """
 
 import gc
-import json
-import math
 import re
-import subprocess
-import sys
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -61,112 +43,16 @@ from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.flop_counter import FlopCounterMode
 
-from infopro.config import TrainConfig, build_net
+from infopro.bench_methods import Method
 from infopro.data import augmented_batch
 from infopro.device import configure_backends, place
-from infopro.errors import InfoProError
-from infopro.local import run_layers
+from infopro.config import build_net
 from infopro.memory import PeakTensorMemory, SavedActivations
-from infopro.records import REPO_ROOT, device_name, write_csv
-from infopro.splits import PAPER_LOSS_WEIGHTS, PAPER_SPLITS
+from infopro.records import device_name, write_csv
 from infopro.step import train_step
-from infopro.trace import CAUSES, gpu_idle, trace_spans
-
-WHOLE_NETWORK = ("e2e", "checkpoint", "offload")  # families that back-propagate end to end: no K
-CLASSIFIER_HEADS = ("greedy", "dgl")  # local families trained through a classifier alone: no λ1, λ2
-FAMILIES = WHOLE_NETWORK + CLASSIFIER_HEADS + ("infopro", "infopro-softmax", "infopro-balanced", "infopro+checkpoint")
-LOCAL_KS = (2, 4, 8, 16)
-
-
-@dataclass(frozen=True)
-class Method:
-    """A way of training one step: a family and, for local learning, K."""
-
-    family: str
-    K: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> "Method":
-        family, _, k = text.partition(":")
-        if family not in FAMILIES:
-            raise InfoProError(f"unknown method {text!r}; valid: e2e, checkpoint, offload, greedy:K, dgl:K, "
-                               f"infopro:K, infopro-softmax:K, infopro-balanced:K, infopro+checkpoint:K")
-        local = family not in WHOLE_NETWORK
-        if local != bool(k) or (k and not k.isdigit()):
-            raise InfoProError(f"method {text!r}: {'give K as ' + family + ':K' if local else family + ' takes no K'}")
-        return cls(family, int(k) if k else 1)
-
-    @property
-    def split(self) -> str:
-        return "balanced" if self.family == "infopro-balanced" else "paper"
-
-    def check(self, arch: str) -> None:
-        """Refuse a K the benchmark cannot build for `arch`, before any worker is started.
-
-        It builds the paper's split, and for InfoPro the paper's λ1, λ2; K = 1 is e2e, which
-        would otherwise be measured again under another name.
-        """
-        if not self.local:
-            return
-        heads_only = self.family in CLASSIFIER_HEADS
-        table = PAPER_SPLITS if heads_only else PAPER_LOSS_WEIGHTS
-        valid = sorted(table.get((arch, self.split), {}))
-        if self.K not in valid:
-            raise InfoProError(f"method {self.label!r}: the paper gives {arch} no {self.split} split"
-                               f"{'' if heads_only else ' with λ1, λ2'} at K={self.K}; "
-                               f"valid K: {', '.join(map(str, valid)) or 'none'}")
-
-    @property
-    def local(self) -> bool:
-        return self.family not in WHOLE_NETWORK
-
-    @property
-    def label(self) -> str:
-        return f"{self.family}:{self.K}" if self.local else self.family
-
-    def config(self, arch: str, batch_size: int, precision: str) -> TrainConfig:
-        regime = self.family if self.family in CLASSIFIER_HEADS else "infopro" if self.local else "e2e"
-        task_loss = "softmax" if self.family == "infopro-softmax" else "contrast"
-        return TrainConfig(arch=arch, regime=regime, K=self.K, task_loss=task_loss, split=self.split,
-                           dataset="synthetic", batch_size=batch_size, precision=precision)
-
-    def run_segment(self):
-        return checkpointed if "checkpoint" in self.family else run_layers
-
-    def context(self, device: torch.device):
-        """Saved-tensor offloading for `offload` (pinned host memory on CUDA)."""
-        if self.family == "offload":
-            return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
-        return nullcontext()
-
-    @property
-    def manages_saved_tensors(self) -> bool:
-        return self.family in ("checkpoint", "offload", "infopro+checkpoint")
-
-
-def checkpointed(layers, h: torch.Tensor) -> torch.Tensor:
-    """Run `layers` as ceil(sqrt(n)) checkpointed segments (the last is kept, as usual).
-
-    Recomputation runs BN in train mode a second time, which updates its running
-    statistics twice per step: harmless for timing and memory, noted for anyone training
-    with it.
-    """
-    layers = list(layers)
-    if len(layers) < 2:
-        return run_layers(layers, h)
-    segments = math.ceil(math.sqrt(len(layers)))
-    return checkpoint_sequential(layers, segments, h, use_reentrant=False)
-
-
-def default_methods(arch: str) -> list[str]:
-    methods = list(WHOLE_NETWORK)
-    methods += [f"{family}:{K}" for family in ("greedy", "infopro") for K in LOCAL_KS]
-    methods += [f"infopro-balanced:{K}" for K in sorted(PAPER_SPLITS.get((arch, "balanced"), {}))]
-    methods += [f"infopro+checkpoint:{K}" for K in (2, 4)]
-    return methods
+from infopro.trace import gpu_idle, trace_spans
 
 
 class StepTimer:
@@ -369,66 +255,6 @@ def idle_or_error(events, steps: int) -> dict:
         return {"error": f"idle analysis: {type(error).__name__}: {error}"}
 
 
-def run_profiles(methods: list[str], arch: str, batch_size: int, precision: str, device: str, steps: int,
-                 warmup: int, timeout: float = 3600, log=print) -> tuple[list[dict], list[dict]]:
-    """Profile each method in a fresh process: one row per method and operator, or one with its error;
-    and on CUDA one row per method of where the GPU's idle time goes, or its error (none on a CPU)."""
-    rows, idle_rows = [], []
-    for label in methods:
-        found = run_in_fresh_process(worker_args(label, arch, precision, device, "--batch-size", str(batch_size),
-                                                 "--steps", str(steps), "--warmup", str(warmup), "--profile"), timeout)
-        if "error" in found:
-            rows.append({"method": label, "error": found["error"]})
-            if device == "cuda":  # its idle CSV records the failure too, as the profile's does
-                idle_rows.append(rows[-1])
-            log(f"{label:<22} error: {found['error']}")
-            continue
-        rows += [{"method": label} | operator for operator in found["operators"]]
-        log(f"{label:<22} " + ", ".join(f"{operator['operator']} {100 * operator['share']:.0f}%"
-                                        for operator in found["operators"][:3]))
-        if idle := found["gpu_idle"]:
-            idle_rows.append({"method": label} | idle)
-            log(f"{'':<22} error: {idle['error']}" if "error" in idle else
-                f"{'':<22} GPU idle {idle['idle_ms_per_step']:.1f} ms a step: "
-                + ", ".join(f"{cause} {idle[f'idle_{cause}_ms_per_step']:.1f}" for cause in CAUSES)
-                + f"; longest gap {idle['longest_gap_ms']:.1f} ms ({idle['longest_gap_cause'] or 'none'})")
-    return rows, idle_rows
-
-
-def run_in_fresh_process(args: list[str], timeout: float) -> dict:
-    """Run `python -m experiments.bench --worker ...` and parse the JSON line it prints last."""
-    command = [sys.executable, "-m", "experiments.bench", *args]
-    try:
-        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        message = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": message.removeprefix("error: ")[:300]}  # the caller prints its own "error: "
-    return json.loads(lines[-1])
-
-
-def worker_args(method: str, arch: str, precision: str, device: str, *options: str) -> list[str]:
-    """The arguments of one `--worker` process; `options` say what it measures."""
-    return ["--worker", method, "--arch", arch, "--precision", precision, "--device", device, *options]
-
-
-def run_methods(methods: list[str], arch: str, batch_size: int, precision: str, device: str, steps: int,
-                warmup: int, timeout: float = 3600, log=print) -> pd.DataFrame:
-    """Measure each method in a fresh process; a failing method gets its error, the rest go on."""
-    rows = []
-    for label in methods:
-        row = {"method": label} | run_in_fresh_process(
-            worker_args(label, arch, precision, device, "--batch-size", str(batch_size), "--steps", str(steps),
-                        "--warmup", str(warmup)), timeout)
-        rows.append(row)
-        log(f"{label:<22} " + (f"error: {row['error']}" if "error" in row else
-                               f"{1000 * row['step_seconds']:9.1f} ms/step  "
-                               f"{row['peak_step_tensor_bytes'] / 2**20:9.1f} MiB step tensors"))
-    return with_ratios(pd.DataFrame(rows))
-
-
 RATIO_COLUMNS = ("step_seconds", "peak_allocated_bytes", "peak_reserved_bytes", "peak_step_tensor_bytes",
                  "peak_saved_activation_bytes", "step_flops", "step_operators", "step_bytes_accessed")
 
@@ -481,117 +307,3 @@ def device_slug(device: torch.device) -> str:
     return "cpu" if device.type == "cpu" else re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
 
 
-def largest_fitting(fits, guess: int = 32, limit: int = 1 << 16) -> int:
-    """Largest batch size b <= limit with fits(b), assuming fits is monotone, to within 2% (or 8 images).
-
-    From `guess` it steps outward, doubling the step each time, until one size fits and a
-    larger one does not; then it bisects. A good guess settles in two or three trials, a bad
-    one costs a few more, never a wrong answer. Returns 0 when nothing down to 8 images fits.
-    """
-    def close_enough(low, high):
-        return high - low <= max(8, low // 50)
-
-    guess, step = min(max(guess, 1), limit), max(8, guess // 50)
-    low, high = (guess, None) if fits(guess) else (None, guess)
-    while high is None:
-        if low == limit:
-            return low
-        candidate = min(low + step, limit)
-        low, high = (candidate, None) if fits(candidate) else (low, candidate)
-        step *= 2
-    while low is None:
-        candidate = high - step
-        if candidate < 1:
-            low = 0
-        elif fits(candidate):
-            low = candidate
-        else:
-            high = candidate
-        step *= 2
-    while not close_enough(low, high):
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
-
-
-def predicted_batch(peaks: dict[int, int], cap_bytes: float, fallback: int = 32) -> int:
-    """The batch at which a least-squares line bytes = fixed + per_image * batch through the
-    trials that fit (`peaks`: batch -> peak bytes) reaches `cap_bytes`; `fallback` without a line."""
-    if len(peaks) < 2:
-        return fallback
-    batches = torch.tensor(list(peaks), dtype=torch.float64)
-    bytes_ = torch.tensor(list(peaks.values()), dtype=torch.float64)
-    per_image = ((batches - batches.mean()) * (bytes_ - bytes_.mean())).sum() / ((batches - batches.mean()) ** 2).sum()
-    if per_image <= 0:
-        return fallback
-    fixed = bytes_.mean() - per_image * batches.mean()
-    return max(1, int((cap_bytes - fixed) / per_image))
-
-
-def search_max_batches(peak_bytes, caps_bytes: list[float], calibration=(64, 128)) -> list[int]:
-    """Largest batch under each cap, in the order of `caps_bytes`, for one method.
-
-    `peak_bytes(batch, cap)` trains real steps at `batch` under allocation cap `cap` (None:
-    uncapped) and returns their peak bytes, or None if they ran out of memory. Two uncapped
-    calibration trials, and every trial that fits after them, fit the line each cap's search
-    starts from; real trials alone decide the answer.
-    """
-    peaks = {}
-
-    def fits_under(cap):
-        def fits(batch):
-            peak = peak_bytes(batch, cap)
-            if peak is not None:
-                peaks[batch] = peak
-            return peak is not None
-        return fits
-
-    for batch in calibration:
-        fits_under(None)(batch)
-    return [largest_fitting(fits_under(cap), predicted_batch(peaks, cap)) for cap in caps_bytes]
-
-
-def cuda_index(device: torch.device) -> int:
-    """The ordinal of a CUDA device: `set_per_process_memory_fraction` refuses a bare "cuda"."""
-    return torch.cuda.current_device() if device.index is None else device.index
-
-
-def cuda_peak_bytes(method: Method, arch: str, precision: str, device: torch.device):
-    """`peak_bytes(batch, cap)` for `search_max_batches` on CUDA: two steps at `batch` under a
-    real cap (`set_per_process_memory_fraction`); the allocator's cache is emptied after each trial."""
-    index = cuda_index(device)
-    total = torch.cuda.get_device_properties(index).total_memory
-
-    def two_steps(batch):
-        _, optimizer, _, forward_backward = prepare_step(method, arch, batch, precision, device)
-        for _ in range(2):
-            forward_backward()
-            optimizer.step()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device)
-
-    def peak_bytes(batch, cap):
-        torch.cuda.set_per_process_memory_fraction(1.0 if cap is None else min(1.0, cap / total), index)
-        torch.cuda.reset_peak_memory_stats(device)
-        try:
-            peak = two_steps(batch)
-        except torch.OutOfMemoryError:
-            peak = None
-        gc.collect()  # the failed trial's tensors, held by its traceback until here
-        torch.cuda.empty_cache()
-        return peak
-
-    return peak_bytes
-
-
-def max_batches(method: str, caps_gib: list[float], arch: str, precision: str, device: str) -> dict:
-    """{"max_batch": [largest batch under each cap]} of `method` (or {"error": ...}), searched in one
-    fresh process: one per method rather than per trial, so a full search fits in a GPU session.
-
-    `offload` is not searched: its saved activations live in pinned host memory, which the
-    cap does not bound, so its search would end only when the host ran out of memory.
-    """
-    if Method.parse(method).family == "offload":
-        return {"error": "not searched: offload keeps activations in host memory, which a CUDA cap does not bound"}
-    args = worker_args(method, arch, precision, device, "--search-caps", ",".join(map(str, caps_gib)))
-    return run_in_fresh_process(args, timeout=3600)

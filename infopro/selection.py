@@ -7,7 +7,7 @@ their rows here, so they always show the same runs.
 
 import pandas as pd
 
-from infopro.bench import WHOLE_NETWORK
+from infopro.bench_methods import WHOLE_NETWORK
 from infopro.errors import InfoProError
 
 ANALYSIS_FIGURE_ARCH = "resnet32"  # the network of the paper's analysis figure (results/reference/analysis_figure.csv)

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from conftest import run_cli, run_main
-import infopro.bench
-from infopro.bench import (Method, count_work, cuda_peak_bytes, default_methods, idle_or_error, largest_fitting,
-                           measure, run_profiles, search_max_batches, with_ratios)
+import infopro.bench_runner
+import infopro.max_batch
+from infopro.bench import count_work, idle_or_error, measure, with_ratios
+from infopro.bench_methods import Method, default_methods
+from infopro.bench_runner import run_profiles
+from infopro.max_batch import cuda_peak_bytes, largest_fitting, search_max_batches
 from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory
 
@@ -93,7 +96,7 @@ def test_cuda_cap_is_set_on_a_device_ordinal(monkeypatch):
     for name, stand_in in cuda.items():
         monkeypatch.setattr(torch.cuda, name, stand_in)
     step = (None, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), None, lambda: None)
-    monkeypatch.setattr(infopro.bench, "prepare_step", lambda *args: step)
+    monkeypatch.setattr(infopro.max_batch, "prepare_step", lambda *args: step)
     peak_bytes = cuda_peak_bytes(Method.parse("e2e"), "resnet32", "fp32", torch.device("cuda"))
     assert peak_bytes(64, 2 * 2**30) == 123 and peak_bytes(64, None) == 123
     assert caps == [(2 / 80, 0), (1.0, 0)]
@@ -179,12 +182,12 @@ def test_profiles_keep_each_methods_idle_record_and_log_its_longest_gap(monkeypa
     activity), one fails, and one's idle analysis fails: all but the second get idle rows, under their
     own labels, so that a failure is recorded rather than profiled again at every lease."""
     idle = {"idle_ms_per_step": 2.0, "longest_gap_ms": 1.5, "longest_gap_cause": "allocator"}
-    idle |= {f"idle_{cause}_ms_per_step": 0.0 for cause in infopro.bench.CAUSES}
+    idle |= {f"idle_{cause}_ms_per_step": 0.0 for cause in infopro.bench_runner.CAUSES}
     operators = [{"operator": "conv", "calls_per_step": 1.0, "self_ms_per_step": 1.0, "share": 1.0}]
     failed = {"error": "idle analysis: KeyError: 0"}
     answers = {"e2e": {"operators": operators, "gpu_idle": idle}, "greedy:2": {"operators": operators, "gpu_idle": {}},
                "infopro:2": {"error": "out of memory"}, "infopro:4": {"operators": operators, "gpu_idle": failed}}
-    monkeypatch.setattr(infopro.bench, "run_in_fresh_process", lambda args, timeout: answers[args[1]])
+    monkeypatch.setattr(infopro.bench_runner, "run_in_fresh_process", lambda args, timeout: answers[args[0]])
     lines = []
     rows, idle_rows = run_profiles(list(answers), "resnet32", 8, "fp32", "cuda", 1, 0, log=lines.append)
     assert [row["method"] for row in rows] == ["e2e", "greedy:2", "infopro:2", "infopro:4"]

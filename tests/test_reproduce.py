@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_main
-from infopro.bench import default_methods
+from infopro.bench_methods import default_methods
 from infopro.errors import InfoProError
 from infopro.records import git_state
 from experiments.stages import Stage, best_jobs, check_code_is_named, pack, results_since, run_stages, stages
