@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import REPO, assert_free, run_cli
 
+from conftest import REPO, assert_free, run_cli
 from experiments.train_pipeline import rank_job
 from infopro.config import TrainConfig
 from infopro.distributed import spawn_ranks

@@ -5,8 +5,8 @@ import json
 import pandas as pd
 import pytest
 import torch
-from conftest import run_cli, run_main
 
+from conftest import run_cli, run_main
 from infopro.config import TrainConfig
 from infopro.errors import DataError, InfoProError
 from infopro.retrain import retrain

@@ -9,8 +9,8 @@ import time
 import pandas as pd
 import pytest
 import torch
-from conftest import REPO, run_cli, run_main
 
+from conftest import REPO, run_cli, run_main
 import infopro.train
 from infopro.cli import stop_children
 from infopro.config import TrainConfig
