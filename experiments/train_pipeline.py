@@ -14,11 +14,11 @@ Asy-InfoPro on ResNet-110 at K = 2 / 4: 7.34 / 8.39% test error (docs/paper.md).
 
 from functools import partial
 
-from experiments.train import add_training_arguments, config_from, report, run_options
 from infopro.cli import ArgumentParser, at_least, run
 from infopro.device import resolve_device
 from infopro.distributed import Rank, run_as_torchrun_rank, spawn_ranks, under_torchrun
 from infopro.module_parallel import train_rank
+from infopro.train_cli import add_training_arguments, config_from, report, run_options
 
 
 def rank_job(me: Rank, config, out, options: dict) -> None:

@@ -209,13 +209,14 @@ def run_count(n: int) -> str:
 
 def train_command(config: TrainConfig, out: Path, device: str, data_root, minutes: float | None = None,
                   step: str = "auto") -> list[str]:
-    """The `experiments.train` command line that runs (or resumes) `config` into `out`, its steps in `step` mode.
+    """The command line (`experiments.train`'s, run as `infopro.train_cli`) that runs (or resumes) `config` into
+    `out`, its steps in `step` mode.
 
-    Paths are made absolute: the training runs in the repository root (where `experiments`
-    imports from), which need not be where this process was started.
+    Paths are made absolute: the training runs in the repository root (where `infopro` imports
+    from without an install), which need not be where this process was started.
     """
     defaults = TrainConfig()
-    command = [sys.executable, "-m", "experiments.train", "--out", str(Path(out).resolve()), "--resume",
+    command = [sys.executable, "-m", "infopro.train_cli", "--out", str(Path(out).resolve()), "--resume",
                "--device", device, "--step", step]
     if minutes is not None:
         command += ["--time-budget", f"{minutes:.2f}"]

@@ -6,9 +6,8 @@ from functools import partial
 import pandas as pd
 import pytest
 import torch
-from conftest import run_cli
 
-from experiments.train import replica_job
+from conftest import run_cli
 from infopro.config import TrainConfig, build_net
 from infopro.data_parallel import DataParallel, shard
 from infopro.distributed import spawn_ranks
@@ -16,6 +15,7 @@ from infopro.errors import InfoProError
 from infopro.rundir import check_batches
 from infopro.step import train_step
 from infopro.train import train
+from infopro.train_cli import replica_job
 
 pytestmark = pytest.mark.slow  # one process per replica: minutes on 2 cores (make test-slow)
 
