@@ -45,10 +45,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from infopro.augment import augmented_batch
 from infopro.bench_methods import Method
-from infopro.data import augmented_batch
-from infopro.device import configure_backends, place
 from infopro.config import build_net
+from infopro.device import configure_backends, place
 from infopro.memory import PeakTensorMemory, SavedActivations
 from infopro.records import device_name, write_csv
 from infopro.step import train_step

@@ -4,7 +4,7 @@ from contextlib import nullcontext
 
 import torch
 
-from infopro.data import normalise
+from infopro.augment import normalise
 from infopro.errors import InfoProError
 
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from infopro.data import to_unit
+from infopro.augment import to_unit
 from infopro.errors import InfoProError
 from infopro.local import AuxHead, Decoder
 from infopro.models import init_like_paper

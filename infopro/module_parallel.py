@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from infopro.augment import augmented_batch, shuffled_batches
 from infopro.bench import StepTimer
 from infopro.config import TrainConfig, build_net, epoch_generator, learning_rate, set_learning_rate, sgd
-from infopro.data import augmented_batch, shuffled_batches
 from infopro.device import autocast, configure_backends, place, prepare_input
 from infopro.distributed import Rank, broadcast, gather, on_rank_zero, spawn_ranks, to_cpu
 from infopro.errors import InfoProError

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from infopro.augment import MEAN, STD
 from infopro.config import TrainConfig, build_net
-from infopro.data import MEAN, STD, Split
+from infopro.data import Split
 from infopro.device import autocast, configure_backends, place
 from infopro.train import train_epoch
 

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from infopro.data import Split, to_unit
+from infopro.augment import to_unit
+from infopro.data import Split
 from infopro.device import prepare_input
 from infopro.errors import InfoProError
 from infopro.models import CifarResNet

@@ -32,8 +32,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from infopro.augment import augmented_batch, shuffled_batches, to_unit
 from infopro.config import PRECISIONS, epoch_generator, learning_rate
-from infopro.data import Split, augmented_batch, shuffled_batches, to_unit
+from infopro.data import Split
 from infopro.device import autocast, place, prepare_input
 from infopro.errors import InfoProError
 from infopro.local import Decoder, reconstruction_loss

@@ -9,7 +9,8 @@ then takes a single SGD step for every module ("simultaneous" training, as the p
 import torch
 import torch._dynamo
 
-from infopro.data import Split, to_unit
+from infopro.augment import to_unit
+from infopro.data import Split
 from infopro.device import autocast, prepare_input
 from infopro.errors import InfoProError
 from infopro.local import LocalModule, LocalNet, run_layers

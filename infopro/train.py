@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
+from infopro.augment import augmented_batch, shuffled_batches
 from infopro.config import TrainConfig, build_net, epoch_generator, learning_rate, set_learning_rate, sgd
-from infopro.data import Split, augmented_batch, shuffled_batches
+from infopro.data import Split
 from infopro.device import configure_backends, place, resolve_device
 from infopro.errors import DivergedError
 from infopro.local import LocalNet

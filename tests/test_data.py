@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from conftest import cifar10_batches, write_targz
-from infopro import data
+from infopro import augment, data
 from infopro.errors import DataError
 
 
@@ -129,21 +129,21 @@ def test_crop_flip_matches_pad_crop_flip_at_every_offset():
     image = torch.randint(0, 256, (1, 3, 32, 32), dtype=torch.uint8)
     offsets = torch.cartesian_prod(torch.arange(9), torch.arange(9), torch.tensor([0, 1]))
     images = image.expand(len(offsets), -1, -1, -1)
-    out = data.crop_flip(images, offsets[:, 0], offsets[:, 1], offsets[:, 2].bool())
+    out = augment.crop_flip(images, offsets[:, 0], offsets[:, 1], offsets[:, 2].bool())
     for i, (dy, dx, flip) in enumerate(offsets.tolist()):
         assert torch.equal(out[i].float(), reference_crop_flip(image[0], dy, dx, flip)), (dy, dx, flip)
 
 
 def test_augmentation_covers_all_offsets_and_flips_half():
     generator = torch.Generator().manual_seed(0)
-    dy, dx, flip = data.crop_flip_params(20000, generator)
+    dy, dx, flip = augment.crop_flip_params(20000, generator)
     assert len(set(zip(dy.tolist(), dx.tolist()))) == 81
     assert 0.48 < flip.float().mean().item() < 0.52
-    batch = data.augmented_batch(torch.zeros(4, 3, 32, 32, dtype=torch.uint8), generator)
+    batch = augment.augmented_batch(torch.zeros(4, 3, 32, 32, dtype=torch.uint8), generator)
     assert batch.dtype == torch.float32 and batch.shape == (4, 3, 32, 32)
 
 
 def test_normalise_uses_paper_constants():
-    unit = torch.tensor(data.MEAN).view(1, 3, 1, 1).expand(1, 3, 2, 2)
-    assert torch.allclose(data.normalise(unit), torch.zeros(1, 3, 2, 2), atol=1e-6)
-    assert np.allclose(np.array(data.STD) * 255, (63.0, 62.1, 66.7))
+    unit = torch.tensor(augment.MEAN).view(1, 3, 1, 1).expand(1, 3, 2, 2)
+    assert torch.allclose(augment.normalise(unit), torch.zeros(1, 3, 2, 2), atol=1e-6)
+    assert np.allclose(np.array(augment.STD) * 255, (63.0, 62.1, 66.7))

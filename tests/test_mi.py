@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infopro.data import synthetic_splits, to_unit
+from infopro.augment import to_unit
+from infopro.data import synthetic_splits
 from infopro.mi import (EstimatorSettings, image_entropy_floor, information_about_x, information_about_y,
                         null_input_baseline)
 

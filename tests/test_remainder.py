@@ -9,7 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from infopro.data import Split, synthetic_splits, to_unit
+from infopro.augment import to_unit
+from infopro.data import Split, synthetic_splits
 from infopro.device import prepare_input
 from infopro.errors import InfoProError
 from infopro.models import CifarResNet
