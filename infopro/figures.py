@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from infopro import claims, plots, selection, tables
+from infopro import claims, layer_plots, plots, selection, tables
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.paired import read_predictions
@@ -107,7 +107,7 @@ def load_schedule_pairs(results) -> pd.DataFrame:
 def load_schedule_analysis(results) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Probe and mutual-information rows of the configurations and seeds analysed after two schedule lengths."""
     folder = Path(results) / "analysis" / "schedule-check"
-    probes, mi = (plots.paired_schedules(selection.with_method(read_result(folder / name, "schedule-analysis", columns)))
+    probes, mi = (layer_plots.paired_schedules(selection.with_method(read_result(folder / name, "schedule-analysis", columns)))
                   for name, columns in (("linear_probe.csv", PROBE_COLUMNS), ("mutual_information.csv", MI_COLUMNS)))
     if probes.empty or mi.empty:
         raise InfoProError(f"{folder} holds no configuration analysed after two schedule lengths: "
@@ -305,13 +305,13 @@ def row_picker(recipe: str | None, arch: str | None, estimator: str | None = Non
 # Each target from the results folder and a selection of rows (`row_picker`: all rows by default).
 FIGURES = {
     "fig7": lambda r, pick: plots.fig7_error_vs_k(pick(load_runs(r)), load_reference(r, "table2")),
-    "fig8": lambda r, pick: plots.fig8_linear_probes(pick(load_probes(r)), load_reference(r, "analysis_figure")),
-    "fig10": lambda r, pick: plots.fig10_mutual_information(pick(load_mutual_info(r)),
+    "fig8": lambda r, pick: layer_plots.fig8_linear_probes(pick(load_probes(r)), load_reference(r, "analysis_figure")),
+    "fig10": lambda r, pick: layer_plots.fig10_mutual_information(pick(load_mutual_info(r)),
                                                             load_reference(r, "analysis_figure"), load_ceilings(r)),
-    "fig_info_plane": lambda r, pick: plots.fig_information_plane(pick(load_mutual_info(r))),
+    "fig_info_plane": lambda r, pick: layer_plots.fig_information_plane(pick(load_mutual_info(r))),
     "fig_curves": lambda r, pick: plots.fig_training_curves(pick(load_curves(r))),
     "fig_memory": lambda r, pick: memory_figure(r),
-    "fig_schedule": lambda r, pick: plots.fig_schedule(*load_schedule_analysis(r)),
+    "fig_schedule": lambda r, pick: layer_plots.fig_schedule(*load_schedule_analysis(r)),
 }
 # The targets that show one recipe of the runs.
 RECIPE_FIGURES = ("fig7", "fig8", "fig10", "fig_info_plane", "fig_curves", "table2")

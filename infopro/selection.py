@@ -1,8 +1,8 @@
 """Which result rows a figure or table shows: the method of each row, the recipe and network shown
 by default (the paper's), the measured rows of a benchmark and the memory column it reports.
 
-Figures (infopro/plots.py), tables (infopro/tables.py) and the claims (infopro/claims.py) all pick
-their rows here, so they always show the same runs.
+Figures (infopro/plots.py, infopro/layer_plots.py), tables (infopro/tables.py) and the claims
+(infopro/claims.py) all pick their rows here, so they always show the same runs.
 """
 
 import pandas as pd

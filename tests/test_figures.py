@@ -14,7 +14,8 @@ from conftest import REPO, run_main, unfinished_copy
 from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
                              memory_figure, recipe_rows, row_picker, table3, table3_bench)
-from infopro.plots import fig8_linear_probes, fig_information_plane, fig_training_curves, layer_table
+from infopro.layer_plots import fig8_linear_probes, fig_information_plane, layer_table
+from infopro.plots import fig_training_curves
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs, training_curves
 from infopro.selection import figure_rows, main_recipe, remeasured_times, with_method
@@ -446,12 +447,12 @@ def test_schedule_analysis_draws_only_seeds_analysed_after_both_lengths(tmp_path
 def test_fig_schedule_draws_one_row_per_k_each_beside_e2e():
     """A second K gets its own row of panels holding only its methods and E2E, and the footer
     names the seeds each row shows (here K = 8 is the committed K = 4 greedy SL rows, relabelled)."""
-    from infopro import plots
+    from infopro import layer_plots
     probes, mi = (rows[rows["K"].isin([1, 4])] for rows in load_schedule_analysis(RESULTS))
 
     def with_k8(rows):
         return pd.concat([rows, rows[rows["method"] == "greedy"].assign(K=8, seed=7)])
-    figure = plots.fig_schedule(with_k8(probes), with_k8(mi))
+    figure = layer_plots.fig_schedule(with_k8(probes), with_k8(mi))
     axes = figure.get_axes()
     assert len(axes) == 6 and [ax.get_title() for ax in axes[::3]] == ["linear separability, K = 4",
                                                                        "linear separability, K = 8"]

@@ -214,7 +214,7 @@ def test_the_command_measures_the_ceiling_then_every_layer_and_fig10_draws_them(
 def test_the_figure_draws_the_paper_dashed_and_the_ceiling_dotted():
     import pandas as pd
 
-    from infopro.plots import fig10_mutual_information
+    from infopro.layer_plots import fig10_mutual_information
 
     rows = []
     for regime, K in (("e2e", 1), ("greedy", 4)):
