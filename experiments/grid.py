@@ -12,8 +12,8 @@ epoch to results/bench/grid-jobs-<grid>-<device>.csv.
 `table2-resnet32` feeds Table 2 and fig7 (13 configurations per seed, the paper's 160-epoch
 recipe; on one H100, four runs at a time, 9 to 13 min per run of E2E, greedy SL and InfoPro at
 K = 2, about 17, 30 and 64 min for InfoPro (Contrast) at K = 4, 8, 16 and 13, 18 and 33 min for
-InfoPro (Softmax) at K = 4, 8, 16, from the committed runs' epochs, all measured before 7fef106 removed
-the per-step host copies (README, Training); `--status` adds up what is left).
+InfoPro (Softmax) at K = 4, 8, 16, from the committed runs' epochs, all measured while a step still
+copied to and from the host (docs/training.md); `--status` adds up what is left).
 `cpu-fixture` is the small real fixture committed so that the figures build on a machine without a
 GPU (3.3 h of training on 2 CPU cores, measured);
 `cpu-schedule-check` trains E2E, greedy SL, both InfoPro variants and DGL at K=2, 4, 8 and 16 for 3x the epochs

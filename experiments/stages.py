@@ -96,8 +96,8 @@ def retimed(bench: Path, gpu: str | None = None) -> bool:
     """Whether the step table of `gpu` (`adds_to`) has a twin under `bench`/remeasured/ (same name)
     that times every method of the default set, beside the input pipeline timed again there.
 
-    Why: the step table and the pipeline comparison of the first lease were measured before 7fef106
-    took the host copies out of a step (each made the host wait for the GPU's queue); the `retime`
+    Why: the step table and the pipeline comparison of the first lease were measured while a step
+    still copied to and from the host (each copy made the host wait for the GPU's queue); the `retime`
     stage times them again with the current step, and Table 3 shows those times
     (`infopro.figures.with_remeasured_times`). A call cut short leaves methods out: it runs again.
     """
@@ -253,7 +253,8 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                                      "--methods", "e2e", "--out", str(bench)],
               minutes=1),
         Stage("retime", "every method's step time again with the current training step, ResNet-110, batch "
-                        "1024, fp32, and our input pipeline against a DataLoader (both predate 7fef106)",
+                        "1024, fp32, and our input pipeline against a DataLoader (both first timed with host "
+                        "copies in a step)",
               lambda: retimed(bench, gpu),
               lambda left: python + ["experiments.bench", "--measure", "steps", "pipeline",
                                      "--out", str(bench / "remeasured")],

@@ -248,7 +248,7 @@ def profile_step(method: Method, arch: str, batch_size: int, precision: str, dev
 def idle_or_error(events, steps: int) -> dict:
     """`infopro.trace.gpu_idle` of a profile's events ({} on a CPU: no GPU activity), or the error that
     stopped it: the operators of the same profile stand without it, and a recorded failure is not
-    retried at every lease's cost."""
+    retried at the cost of every GPU call."""
     try:
         return gpu_idle(*trace_spans(events), steps)
     except Exception as error:  # any: the analysis is new on every trace it reads

@@ -1,6 +1,6 @@
 """Seconds per training epoch of the paper's ResNet-32 recipe, per step mode and precision.
 
-Table 3's step times say what one step costs; what a GPU lease buys is epochs. Each measurement
+Table 3's step times say what one step costs; what GPU time buys is epochs. Each measurement
 trains a few epochs of a grid configuration into a scratch run directory, in a fresh process
 (`multiprocessing`'s spawn: no compiled graph, autotuning or allocator state carries over from
 the one before), and reads their times back from metrics.csv. The first epoch pays for cuDNN's
@@ -22,7 +22,7 @@ from infopro.records import read_json
 from infopro.runs import read_metrics
 from infopro.train import train
 
-# The configurations a lease trains, cheapest to dearest: E2E, a local method, InfoPro's decoders at
+# The configurations the grids train, cheapest to dearest: E2E, a local method, InfoPro's decoders at
 # K = 4 and at K = 16, where the most of them run.
 EPOCH_METHODS = (dict(regime="e2e", K=1), dict(regime="greedy", K=4),
                  dict(regime="infopro", task_loss="contrast", K=4), dict(regime="infopro", task_loss="contrast", K=16))

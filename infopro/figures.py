@@ -146,9 +146,9 @@ def with_remeasured_times(results, table: pd.DataFrame) -> pd.DataFrame:
     """The step table with the times of the methods a later call measured again, and `timed_at`: the
     commit each row's time was measured at.
 
-    Why: a change to the training step can change its time but not its memory (7fef106 removed host
-    copies from the contrastive loss), and re-measuring the methods it touches takes minutes of a GPU
-    where the whole table takes a lease. That later call (`experiments.bench --measure steps --methods
+    Why: a change to the training step can change its time but not its memory (taking the host copies
+    out of the contrastive loss did), and re-measuring the methods it touches takes minutes of a GPU
+    where the whole table takes a quarter of an hour. That later call (`experiments.bench --measure steps --methods
     e2e ... --out results/bench/remeasured`) writes a step table of the same name under remeasured/;
     each of its time ratios is against its own E2E, since times compare only within one call. A
     method the full table lacks is not added: the rows stay the full call's.

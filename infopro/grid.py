@@ -3,7 +3,7 @@
 A grid is data: a recipe shared by every run (TrainConfig overrides) and the variants
 (regime, K, task loss) to run, each for every seed. Finished runs are skipped, partial
 ones resumed, and every run is given the time left, so that it stops after an epoch
-and never mid-write when a lease or budget ends.
+and never mid-write when a time budget ends.
 """
 
 import subprocess
@@ -80,7 +80,8 @@ GRIDS = {
     "table2-resnet110": table2_grid(
         "resnet110", "Paper Table 2, ResNet-110 on CIFAR-10: the table2-resnet32 grid on the deeper network (its "
         "E2E run is table3-resnet110's); on one H100 alone an E2E or greedy SL run is about 9 min of steps, "
-        "InfoPro (Contrast) K=16 about 22 (the benchmark's step times, ResNet-110, batch 1024, measured before 7fef106)"),
+        "InfoPro (Contrast) K=16 about 22 (the benchmark's step times, ResNet-110, batch 1024, measured while a step "
+        "still copied to and from the host)"),
     "table2-dgl-resnet32": Grid(
         "Paper Table 2's DGL row, ResNet-32 on CIFAR-10: DGL at K=2,4,8,16, three seeds, the paper's recipe "
         "(E2E, greedy SL and InfoPro are table2-resnet32's)",
@@ -158,10 +159,10 @@ def run_status(config: TrainConfig, root: Path) -> RunStatus:
 def recent_pace(epoch_seconds) -> float:
     """Seconds per epoch to plan with: the median of the last `RECENT_EPOCHS` epochs.
 
-    Why recent: a change to the training step moves the pace from then on (7fef106 took InfoPro
-    (Contrast) K = 16 from 26.9 to 15.1 s an epoch halfway through its run). Why a median: a lease's
-    last epochs can run alone (a third of their pace beside three others) and a few epochs may run
-    on a CPU, hundreds of times slower; neither should set the plan.
+    Why recent: a change to the training step moves the pace from then on (taking the host copies out
+    of the step took InfoPro (Contrast) K = 16 from 26.9 to 15.1 s an epoch halfway through its run).
+    Why a median: the last epochs of a call on a GPU can run alone (a third of their pace beside three
+    others) and a few epochs may run on a CPU, hundreds of times slower; neither should set the plan.
     """
     return float(epoch_seconds.iloc[-RECENT_EPOCHS:].median())
 

@@ -164,7 +164,7 @@ CURVE_COLUMNS = ("epoch", "lr", "train_error", "test_error")  # what a training 
 def training_curves(root) -> pd.DataFrame:
     """One row per epoch of every run below `root`, finished or not: the run's description, the
     epoch's learning rate, train and test error, and `finished` (summary.json written). Unfinished
-    runs are what a grid between GPU leases mostly holds; their curves show where each stands."""
+    runs are what a grid between GPU calls mostly holds; their curves show where each stands."""
     frames = []
     for record_path in sorted(Path(root).glob("**/config.json")):
         folder = record_path.parent
