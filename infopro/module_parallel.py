@@ -422,7 +422,8 @@ def compare_throughput(config: TrainConfig, staleness: list[int], folder, device
     folder = Path(folder)
     seconds = module_seconds(config, device)
     model = {"module_ms": ";".join(f"{1000 * s:.2f}" for s in seconds), "ideal_speedup": ideal_speedup(seconds)}
-    train(config, folder / "synchronous", device=device.type, log=lambda line: None)
+    # Eager, as every rank of the pipeline steps: the comparison is between trainers, not step modes.
+    train(config, folder / "synchronous", device=device.type, log=lambda line: None, step_mode="eager")
     synchronous = last_epoch_images_per_second(folder / "synchronous")
     log(f"K={config.K} synchronous: {synchronous:.1f} images/s")
     rows = [{"trainer": "synchronous", "ranks": 1, "max_staleness": None, "images_per_second": synchronous,

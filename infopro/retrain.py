@@ -120,8 +120,10 @@ def retrain(run: Run, work: Path, *, device: str | None = None, data_root=None, 
         return metrics_differences(recorded_metrics, replayed_metrics, so_far=True)
 
     if not parted():  # a replay that parted in an earlier call is not continued
+        # In the step mode the run was trained in: a compiled step sums in another order than an eager one.
+        step_mode = run.record["provenance"].get("step_mode", "eager")
         summary = train(run.config, replay, device=str(device), data_root=data_root, resume=True,
-                        time_budget=time_budget, stop_when=lambda epoch: bool(parted()), log=log)
+                        time_budget=time_budget, stop_when=lambda epoch: bool(parted()), log=log, step_mode=step_mode)
         if summary is None and not parted():
             return None  # the time budget ran out
     differences = metrics_differences(recorded_metrics, replayed_metrics)
