@@ -21,7 +21,7 @@ from infopro.data import DATASETS
 from infopro.device import resolve_device
 from infopro.local import REGIMES
 from infopro.models import ARCHS
-from infopro.module_parallel import compare_throughput
+from infopro.module_parallel_throughput import compare_throughput
 from infopro.records import check_writable, provenance
 
 

@@ -32,7 +32,6 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -41,14 +40,13 @@ from infopro.augment import augmented_batch, shuffled_batches
 from infopro.bench import StepTimer
 from infopro.config import TrainConfig, build_net, epoch_generator, learning_rate, set_learning_rate, sgd
 from infopro.device import autocast, configure_backends, place, prepare_input
-from infopro.distributed import Rank, broadcast, gather, on_rank_zero, spawn_ranks, to_cpu
+from infopro.distributed import Rank, broadcast, gather, on_rank_zero, to_cpu
 from infopro.errors import InfoProError
 from infopro.local import InfoProObjective, LocalNet, run_layers
 from infopro.records import read_json
 from infopro.rundir import load_splits, open_run
-from infopro.runs import last_epoch_images_per_second
 from infopro.step import correct_per_image, evaluate, module_step
-from infopro.train import EpochBudget, check_finite, epoch_line, epoch_row, summarise, train
+from infopro.train import EpochBudget, check_finite, epoch_line, epoch_row, summarise
 
 
 # ----- which parameters, buffers and inputs belong to which module
@@ -382,61 +380,3 @@ def end_epoch(net, reports, losses, owned, opened, metrics, config, epoch, lr, t
     if epoch == config.epochs:
         return "done"
     return "stop" if budget.stop_after(epoch, config.epochs, seconds) else "continue"
-
-
-# ----- what a pipeline buys: measured throughput beside the ideal speed-up
-
-def module_seconds(config: TrainConfig, device: torch.device, steps: int = 5) -> list[float]:
-    """Median compute time of each module's step (forward, backward, SGD) on one device, one process.
-
-    The inputs of the ideal-speed-up model: a pipeline on K devices is paced by the slowest.
-    """
-    configure_backends(device)
-    net = place(build_net(config), device)
-    optimizers = [module_sgd(net, module_parameters(net, k), config) for k in range(net.K)]
-    generator = torch.Generator(device=device).manual_seed(0)
-    x = torch.rand(config.batch_size, 3, 32, 32, device=device, generator=generator)
-    y = torch.randint(0, 10, (config.batch_size,), device=device, generator=generator)
-    timers = [StepTimer(device) for _ in range(net.K)]
-    for step in range(steps + 1):  # the first step warms up
-        h = prepare_input(x, device)
-        for k, optimizer in enumerate(optimizers):
-            if step:
-                timers[k].start()
-            optimizer.zero_grad(set_to_none=True)
-            h, _, _ = module_step(net.local_modules[k], h, x, y, config.precision)
-            optimizer.step()
-            if step:
-                timers[k].stop()
-    return [sorted(t)[len(t) // 2] for t in (timer.seconds() for timer in timers)]
-
-
-def compare_throughput(config: TrainConfig, staleness: list[int], folder, device: torch.device,
-                       log=print) -> list[dict]:
-    """Images/s of the last epoch: synchronous trainer, then the pipeline at each staleness.
-
-    Same config, data and device, one invocation; the ideal K-device speed-up from the
-    measured per-module times is written beside every row, and each measurement is logged
-    as it ends (each trains two epochs: minutes on CPU).
-    """
-    folder = Path(folder)
-    seconds = module_seconds(config, device)
-    model = {"module_ms": ";".join(f"{1000 * s:.2f}" for s in seconds), "ideal_speedup": ideal_speedup(seconds)}
-    # Eager, as every rank of the pipeline steps: the comparison is between trainers, not step modes.
-    train(config, folder / "synchronous", device=device.type, log=lambda line: None, step_mode="eager")
-    synchronous = last_epoch_images_per_second(folder / "synchronous")
-    log(f"K={config.K} synchronous: {synchronous:.1f} images/s")
-    rows = [{"trainer": "synchronous", "ranks": 1, "max_staleness": None, "images_per_second": synchronous,
-             "speedup": 1.0}]
-    for s in staleness:
-        run = folder / f"pipeline-S{s}"
-        spawn_ranks(partial(train_rank_quietly, config=config, out=run, max_staleness=s), config.K, device)
-        speed = last_epoch_images_per_second(run)
-        log(f"K={config.K} module-parallel, max staleness {s}: {speed:.1f} images/s")
-        rows.append({"trainer": "module-parallel", "ranks": config.K, "max_staleness": s, "images_per_second": speed,
-                     "speedup": speed / synchronous})
-    return [{"K": config.K, "regime": config.regime, "seed": config.seed} | row | model for row in rows]
-
-
-def train_rank_quietly(me: Rank, config: TrainConfig, out, max_staleness: int) -> None:
-    train_rank(config, out, me, max_staleness=max_staleness, log=lambda line: None)
