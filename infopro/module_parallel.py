@@ -8,7 +8,7 @@ Rank k owns module k's backbone layers, its objective (on the last rank: the hea
 SGD optimizer over exactly those parameters. Rank 0 holds the data and draws every batch as
 the synchronous trainer does; rank k > 0 receives from rank k-1 the detached activations,
 the labels and, where a later objective reconstructs it, the augmented input; it trains its
-module with `infopro.train.module_step` and sends its detached output on. Transport is
+module with `infopro.step.module_step` and sends its detached output on. Transport is
 torch.distributed point-to-point: gloo on CPU and for ranks sharing a GPU (staged through
 host memory), NCCL when every rank has a GPU of its own.
 
