@@ -5,10 +5,11 @@ repository: the library knows nothing of leases. GPU time comes in short leases,
 cut into stages, each skipped once the file it writes exists (grids resume their partial runs):
 calling again continues where the last call stopped. The measurements come first (seconds per
 epoch in each step mode, which decides the mode every grid trains in; the Table 3 benchmark and
-the input pipeline, module-parallel throughput, the max-batch search, the grid's --jobs
-measurement, the profiles, the re-timing), then the project's order of training and analysis:
-the remainder estimator's budget and its estimates of the seed-0 E2E and greedy SL networks (the
-paper's figure), DGL's seed-0 row, the unfinished runs of Table 2, the other seed-0 networks'
+the input pipeline, module-parallel throughput, the max-batch search, the profiles, the
+re-timing), then the project's order of training and analysis: the remainder estimator's budget
+and its estimates of the seed-0 E2E and greedy SL networks (the paper's figure), how many
+trainings at once fill the GPU (the grid's --jobs, measured just before the grids), DGL's seed-0
+row, the unfinished runs of Table 2, the other seed-0 networks'
 estimates, the remaining seeds of Table 2 and DGL, then bf16 twins of two fp32 runs (evidence
 before bf16 trains any grid). A lent machine is lost
 with everything on it, so a call can pack what it wrote (`pack`) for the way back. The other
@@ -234,11 +235,6 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
               lambda left: python + ["experiments.bench", "--measure", "max-batch", "--caps", "2,4,8",
                                      "--methods", *MAX_BATCH_METHODS, "--out", str(bench)],
               minutes=10),
-        Stage("grid-jobs", f"how many trainings at once fill the GPU ({GRID}), counted while all of them train",
-              lambda: bool(steady_jobs_files(bench, gpu)),
-              lambda left: python + ["experiments.grid", GRID, *data, "--measure-jobs", "1", "2", "4",
-                                     "--step", training_step_mode(bench, gpu), "--bench-out", str(bench)],
-              minutes=3),
         Stage("profile", "the operators a step's time goes to and where the GPU's idle time goes, ResNet-110, "
                          "batch 1024: E2E, checkpointing, greedy SL, InfoPro and InfoPro* at K = 4, InfoPro at K = 16",
               lambda: profiled(bench, gpu),
@@ -268,6 +264,11 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                                         "--ceilings", str(ceilings), *root],
               minutes=3),  # unmeasured: at most 135 epochs of one ResNet-32, about 1 s each on an H100
         *remainder_stages(REMAINDER_FIRST),
+        Stage("grid-jobs", f"how many trainings at once fill the GPU ({GRID}), counted while all of them train",
+              lambda: bool(steady_jobs_files(bench, gpu)),
+              lambda left: python + ["experiments.grid", GRID, *data, "--measure-jobs", "1", "2", "4",
+                                     "--step", training_step_mode(bench, gpu), "--bench-out", str(bench)],
+              minutes=3),
         grid_stage("dgl-seed0", DGL_GRID, seeds=(0,)),
         *([grid_stage("table2-unfinished", GRID, only=unfinished)] if unfinished else []),
         grid_stage("table2", GRID),

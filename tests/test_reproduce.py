@@ -42,8 +42,8 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     bench = tmp_path / "bench"
     bench.mkdir()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
-    assert list(plan) == ["epoch-bench", "table3", "module-parallel", "max-batch", "grid-jobs", "profile",
-                          "profile-resnet32", "retime", "remainder-ceiling", "dgl-seed0", "table2", "dgl",
+    assert list(plan) == ["epoch-bench", "table3", "module-parallel", "max-batch", "profile", "profile-resnet32",
+                          "retime", "remainder-ceiling", "grid-jobs", "dgl-seed0", "table2", "dgl",
                           "bf16-twins"]  # no run has weights here
     assert not any(stage.done() for stage in plan.values())
     for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-fp32-cpu.csv"):
@@ -320,8 +320,9 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     partial.mkdir()
     (partial / "metrics.csv").write_text("epoch\n1\n")
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
-    assert list(plan)[8:] == ["remainder-ceiling", "remainder:e2e-K1", "remainder:greedy-K4", "dgl-seed0",
-                              "table2-unfinished", "table2", "remainder:infopro-contrast-K2", "dgl", "bf16-twins"]
+    assert list(plan)[7:] == ["remainder-ceiling", "remainder:e2e-K1", "remainder:greedy-K4", "grid-jobs",
+                              "dgl-seed0", "table2-unfinished", "table2", "remainder:infopro-contrast-K2", "dgl",
+                              "bf16-twins"]
     unfinished = plan["table2-unfinished"].command(5.0)
     assert unfinished[unfinished.index("--only") + 1:] == ["cifar10-jpeg-resnet32-greedy-K2-s1"]
     layers = plan["remainder:greedy-K4"].command(5.0)
