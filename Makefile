@@ -9,7 +9,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: help setup test check test-slow status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel reproduce fixture
+.PHONY: help setup test check test-slow status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel bench-epochs reproduce fixture
 
 .DEFAULT_GOAL := help
 # `make` alone lists the targets: the text after `## ` on each rule's line.
@@ -83,6 +83,10 @@ bench:  ## memory and speed of every method (BENCH_ARGS)
 # Images/s of module-parallel training (one rank per module) vs the synchronous trainer, K = 2 and 4.
 bench-module-parallel:  ## module-parallel against synchronous training, images/s
 	$(PYTHON) -m experiments.bench_module_parallel --out $(RESULTS)/bench $(MODULE_PARALLEL_ARGS)
+
+# Seconds per ResNet-32 epoch, eager and compiled steps, in fresh processes (DATA_ROOT: the cifar10-jpeg copy).
+bench-epochs:  ## seconds per training epoch in each step mode
+	$(PYTHON) -m experiments.bench_epochs --dataset cifar10-jpeg --out $(RESULTS)/bench $(DATA)
 
 # Every GPU result, stage by stage within MINUTES; run it again to continue (DATA_ROOT: the cifar10-jpeg copy).
 MINUTES ?= 25
