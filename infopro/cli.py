@@ -41,8 +41,8 @@ def at_least(minimum: int) -> Callable[[str], int]:
 def positive(text: str) -> float:
     """An argparse `type`: a finite number above 0 (a time budget, a size).
 
-    A time budget of 0 or less used to train one epoch anyway; NaN compares false with every
-    deadline, so it silently meant no budget at all; an infinite part size was a traceback.
+    Why: a time budget of 0 or less would still train one epoch; NaN compares false with every
+    deadline, so it would silently mean no budget at all; an infinite part size is a traceback.
     """
     try:
         value = float(text)

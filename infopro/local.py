@@ -66,7 +66,7 @@ def upsample(h: torch.Tensor, size: int) -> torch.Tensor:
 
     It runs channels-last: on the CPU PyTorch's channels-last kernel is several times faster
     than its NCHW one, forward and backward, and gives the same numbers bit for bit, so CPU
-    runs trained before this still replay exactly. On CUDA h is channels-last already.
+    runs trained with either replay exactly. On CUDA h is channels-last already.
     """
     channels_last = h.is_contiguous(memory_format=torch.channels_last)
     up = F.interpolate(h.contiguous(memory_format=torch.channels_last), size=(size, size),
