@@ -1,7 +1,8 @@
 """One GPU lease, one detached job: start the lease's work once, then wait on it and bring its results home.
 
-    python -m experiments.lease start --minutes 11 --data-root .data   # first call: returns at once
-    python -m experiments.lease wait --seconds 540 --pack-to $OUT       # each later call, back to back
+    python -m experiments.lease start --minutes 11 --data-root .data &&    # the first call: starts it,
+        python -m experiments.lease wait --seconds 540 --pack-to $OUT     # then follows it
+    python -m experiments.lease wait --seconds 540 --pack-to $OUT         # each later call, back to back
 
 A lent machine takes one command at a time (at most 10 minutes), is given back 30 s after a command
 ends, and only what a command leaves under $OUT comes back. Run in the foreground, the lease's work
