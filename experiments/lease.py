@@ -45,10 +45,11 @@ def start_job(command: list[str], state: Path, log: Path) -> dict:
         (state / previous).unlink(missing_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     shell = f"{shlex.join(command)}; echo $? > {shlex.quote(str(state / 'exit'))}"
+    started = time.time()  # before the job can write anything: packing takes every file since
     with open(log, "a") as output:
         process = subprocess.Popen(["sh", "-c", shell], cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
-    job = {"pid": process.pid, "started": time.time(), "log": str(log), "command": command}
+    job = {"pid": process.pid, "started": started, "log": str(log), "command": command}
     write_json(state / "job.json", job)
     return job
 
