@@ -160,6 +160,7 @@ def test_the_budget_check_reads_percentage_points():
     assert not ceiling_within(0.86, 0.889)
 
 
+@pytest.mark.slow  # the whole command line on a trained network: 13 s; the estimator's checks above are quick
 def test_the_command_measures_the_ceiling_then_every_layer_and_fig10_draws_them(tmp_path):
     """`ceiling` writes its rows and stops at the first candidate within 2 points; `layers` takes that
     budget, writes remainder rows beside the 1c2f ones and skips them when called again; fig10 and the
