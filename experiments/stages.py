@@ -9,12 +9,11 @@ the input pipeline, module-parallel throughput, the max-batch search, the profil
 re-timing), then the project's order of training and analysis: the remainder estimator's budget
 and its estimates of the seed-0 E2E and greedy SL networks (the paper's figure), how many
 trainings at once fill the GPU (the grid's --jobs, measured just before the grids), DGL's seed-0
-row, the unfinished runs of Table 2, the other seed-0 networks'
-estimates, the remaining seeds of Table 2 and DGL, then bf16 twins of two fp32 runs (evidence
-before bf16 trains any grid). A lent machine is lost
-with everything on it, so a call can pack what it wrote (`pack`) for the way back. The other
-analyses of finished runs (probes, the 1c2f estimates) run on a CPU as well (`make probes
-mutual-info figures tables`).
+row, the unfinished runs of Table 2, the other seed-0 networks' estimates, the remaining seeds of
+Table 2 and DGL, then bf16 twins of two fp32 runs (evidence before bf16 trains any grid). A lent
+machine is lost with everything on it, so a call can pack what it wrote (`pack`) for the way
+back. The other analyses of finished runs (probes, the 1c2f estimates) run on a CPU as well
+(`make probes mutual-info figures tables`).
 """
 
 import sys
