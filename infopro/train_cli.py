@@ -5,7 +5,6 @@
 point. `experiments.train_pipeline` shares the options.
 """
 
-
 import os
 from functools import partial
 
