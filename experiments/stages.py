@@ -112,22 +112,21 @@ def times_every_method(table: Path) -> bool:
         read_table(table, "delete it to time the methods again", ("method",))["method"])
 
 
-def steady_jobs_files(bench: Path, gpu: str | None = None) -> list[Path]:
-    """The `grid --measure-jobs` files of `gpu` (None: any GPU) that counted images/s only while every run
+def steady_jobs_tables(bench: Path, gpu: str | None = None) -> list:
+    """The `grid --measure-jobs` tables of `gpu` (None: any GPU) that counted images/s only while every run
     trained at once (their `window_seconds`); an older file added up the last epochs of runs that had
     not all overlapped, which overstated what several runs at once give."""
-    files = gpu_files(bench, f"grid-jobs-{GRID}-{gpu or '*'}.csv")
-    return [path for path in files if "window_seconds" in read_table(
-        path, "delete it to measure again with `grid --measure-jobs`", ("jobs", "best")).columns]
+    tables = [read_table(path, "delete it to measure again with `grid --measure-jobs`", ("jobs", "best"))
+              for path in gpu_files(bench, f"grid-jobs-{GRID}-{gpu or '*'}.csv")]
+    return [table for table in tables if "window_seconds" in table.columns]
 
 
 def best_jobs(bench: Path, gpu: str | None) -> int:
     """The number of concurrent trainings that gave the most images/s on `gpu` (1 if unmeasured)."""
-    files = steady_jobs_files(bench, gpu)
-    if not files:
+    tables = steady_jobs_tables(bench, gpu)
+    if not tables:
         return 1
-    table = read_table(files[-1], "delete it to measure again with `grid --measure-jobs`", ("jobs", "best"))
-    return int(table.loc[table["best"], "jobs"].iloc[0])
+    return int(tables[-1].loc[tables[-1]["best"], "jobs"].iloc[0])
 
 
 def epochs_measured(bench: Path, gpu: str | None = None) -> bool:
@@ -264,7 +263,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
               minutes=3),  # unmeasured: at most 135 epochs of one ResNet-32, about 1 s each on an H100
         *remainder_stages(REMAINDER_FIRST),
         Stage("grid-jobs", f"how many trainings at once fill the GPU ({GRID}), counted while all of them train",
-              lambda: bool(steady_jobs_files(bench, gpu)),
+              lambda: bool(steady_jobs_tables(bench, gpu)),
               lambda left: python + ["experiments.grid", GRID, *data, "--measure-jobs", "1", "2", "4",
                                      "--step", training_step_mode(bench, gpu), "--bench-out", str(bench)],
               minutes=3),

@@ -9,6 +9,7 @@ autotuning and, in the compiled mode, for compilation; the epochs after it are t
 either mode, so the compiled mode's cost is the difference of the two.
 """
 
+import itertools
 import multiprocessing
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -45,7 +46,8 @@ def measure_epochs(config: TrainConfig, step_mode: str, device: str, data_root=N
     steady = float(seconds.iloc[1:].median())
     return {"epoch_seconds": steady, "images_per_second": record["dataset"]["train_size"] / steady,
             "first_epoch_seconds": float(seconds.iloc[0]),
-            "compile_seconds": float(seconds.iloc[0]) - steady, "measured_epochs": len(seconds) - 1} | record["provenance"]
+            "compile_seconds": float(seconds.iloc[0]) - steady,
+            "measured_epochs": len(seconds) - 1} | record["provenance"]
 
 
 def in_fresh_process(function, *args):
@@ -57,18 +59,16 @@ def in_fresh_process(function, *args):
 def epoch_rows(recipe: TrainConfig, methods, modes, precisions, device, data_root=None, done=(), log=print):
     """One row per method, step mode and precision not in `done` (their (method, K, mode, precision)),
     each yielded as soon as it is measured, so that a caller can write it before the next one starts."""
-    for method in methods:
-        for precision in precisions:
-            for mode in modes:
-                config = TrainConfig(**asdict(recipe) | method | {"precision": precision})
-                key = (*method_key(method), mode, precision)
-                if key in done:
-                    continue
-                row = dict(zip(("method", "K", "mode", "precision"), key)) | {"jobs": 1}
-                row |= in_fresh_process(measure_epochs, config, mode, device, data_root)
-                log(f"{row['method']:<17} K={config.K:<3} {mode:<9} {precision}: {row['epoch_seconds']:.2f} s an epoch, "
-                    f"first {row['first_epoch_seconds']:.1f} s")
-                yield row
+    for method, precision, mode in itertools.product(methods, precisions, modes):
+        key = (*method_key(method), mode, precision)
+        if key in done:
+            continue
+        config = TrainConfig(**asdict(recipe) | method | {"precision": precision})
+        row = dict(zip(("method", "K", "mode", "precision"), key)) | {"jobs": 1}
+        row |= in_fresh_process(measure_epochs, config, mode, device, data_root)
+        log(f"{row['method']:<17} K={config.K:<3} {mode:<9} {precision}: {row['epoch_seconds']:.2f} s an epoch, "
+            f"first {row['first_epoch_seconds']:.1f} s")
+        yield row
 
 
 def short_recipe(recipe: TrainConfig, epochs: int) -> TrainConfig:

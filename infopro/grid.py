@@ -332,8 +332,8 @@ def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "
             stop_children(processes)
         images = read_json(runs[0] / "config.json")["dataset"]["train_size"]
         window, trained = steady_window([read_metrics(run, ("epoch_seconds", "ended_at")) for run in runs], images)
-        rows.append({"jobs": n, "images_per_second": trained / window, "images_per_second_per_run": trained / window / n,
-                     "window_seconds": window})
+        rows.append({"jobs": n, "images_per_second": trained / window,
+                     "images_per_second_per_run": trained / window / n, "window_seconds": window})
     best = max(rows, key=lambda row: row["images_per_second"])["jobs"]
     trained_with = read_json(Path(folder) / f"jobs{counts[0]}-run0" / "config.json")["provenance"]
     return [row | {"best": row["jobs"] == best} for row in rows], trained_with
