@@ -93,7 +93,9 @@ def test_the_command_line_refuses_missing_data_before_any_run_and_fails_when_a_r
 
 @pytest.mark.slow
 def test_measured_jobs_add_up_concurrent_runs_and_mark_the_best(tmp_path):
-    rows, trained_with = measure_jobs(CONFIGS[0], [1, 2], tmp_path, device="cpu")
+    # Tiny epochs (0.1 s) against seconds of start-up per process: enough of them that two copies overlap
+    # past their first epoch even on a busy machine.
+    rows, trained_with = measure_jobs(CONFIGS[0], [1, 2], tmp_path, device="cpu", epochs=8)
     assert [row["jobs"] for row in rows] == [1, 2] and sum(row["best"] for row in rows) == 1
     assert all(row["images_per_second"] > 0 and row["window_seconds"] > 0 for row in rows)
     assert rows[1]["images_per_second"] == pytest.approx(2 * rows[1]["images_per_second_per_run"])
