@@ -17,9 +17,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from infopro.config import TrainConfig
-from infopro.records import read_json
+from infopro.records import provenance, read_json
 from infopro.runs import read_metrics
 from infopro.train import train
 
@@ -65,10 +66,24 @@ def epoch_rows(recipe: TrainConfig, methods, modes, precisions, device, data_roo
             continue
         config = TrainConfig(**asdict(recipe) | method | {"precision": precision})
         row = dict(zip(("method", "K", "mode", "precision"), key)) | {"jobs": 1}
-        row |= in_fresh_process(measure_epochs, config, mode, device, data_root)
-        log(f"{row['method']:<17} K={config.K:<3} {mode:<9} {precision}: {row['epoch_seconds']:.2f} s an epoch, "
-            f"first {row['first_epoch_seconds']:.1f} s")
+        label = f"{row['method']:<17} K={config.K:<3} {mode:<9} {precision}"
+        try:
+            row |= in_fresh_process(measure_epochs, config, mode, device, data_root)
+        except Exception as failure:  # a mode that cannot train this configuration here: a finding, not a crash
+            row |= failed_measurement(failure, device)
+            log(f"{label}: failed, {row['error']}")
+        else:
+            log(f"{label}: {row['epoch_seconds']:.2f} s an epoch, first {row['first_epoch_seconds']:.1f} s")
         yield row
+
+
+def failed_measurement(failure: Exception, device: str) -> dict:
+    """The row of a measurement whose process failed (a graph the compiler refuses, memory it lacks): no
+    times, the error's first line, and this process's provenance. Kept, so that the stage that asked for
+    it is done and the grids never train in a mode that failed (`fastest_mode`)."""
+    first_line = (str(failure).strip().splitlines() or [""])[0][:300]
+    error = f"{type(failure).__name__}: {first_line}".rstrip(": ")
+    return {"epoch_seconds": float("nan"), "error": error} | provenance(torch.device(device))
 
 
 def short_recipe(recipe: TrainConfig, epochs: int) -> TrainConfig:
@@ -79,8 +94,13 @@ def short_recipe(recipe: TrainConfig, epochs: int) -> TrainConfig:
 
 def fastest_mode(table: pd.DataFrame) -> str | None:
     """The step mode with the least summed fp32 epoch time over the methods measured in every mode: the mode
-    a grid trains in. None when fewer than two modes have a common method measured."""
+    a grid trains in. A mode that failed on any method is never chosen: when one mode is left, it is the
+    answer. None when nothing decides yet (fewer than two modes with a common method measured)."""
     fp32 = table[table["precision"] == "fp32"]
+    failed = fp32.loc[fp32["epoch_seconds"].isna(), "mode"]
+    fp32 = fp32[~fp32["mode"].isin(failed)]
+    if len(failed) and fp32["mode"].nunique() == 1:
+        return str(fp32["mode"].iloc[0])
     common = fp32.pivot_table(index=["method", "K"], columns="mode", values="epoch_seconds").dropna()
     if common.empty or common.shape[1] < 2:
         return None

@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from conftest import run_main
+from infopro import epoch_bench
 from infopro.config import TrainConfig
 from infopro.epoch_bench import EPOCH_METHODS, epoch_rows, fastest_mode, method_key, short_recipe
 
@@ -18,6 +19,31 @@ def test_the_fastest_mode_sums_only_methods_every_mode_measured():
     assert fastest_mode(table[table["mode"] == "eager"]) is None
     table.loc[1, "epoch_seconds"] = 1.2
     assert fastest_mode(table) == "eager"
+
+
+def test_a_mode_that_failed_on_any_method_is_never_chosen():
+    table = pd.DataFrame([
+        dict(method="e2e", K=1, mode="eager", precision="fp32", epoch_seconds=1.0),
+        dict(method="e2e", K=1, mode="compiled", precision="fp32", epoch_seconds=0.6),
+        dict(method="infopro-contrast", K=16, mode="eager", precision="fp32", epoch_seconds=3.4),
+        dict(method="infopro-contrast", K=16, mode="compiled", precision="fp32", epoch_seconds=float("nan"))])
+    assert fastest_mode(table) == "eager"  # not None, which would leave the grids to `auto`: compiled on CUDA
+
+
+def test_a_measurement_whose_process_fails_is_a_row_with_its_error(monkeypatch):
+    """A graph the compiler refuses on a GPU once would have ended the stage, and the grids would have
+    trained compiled anyway (`auto`)."""
+    def fresh_process(function, config, mode, *rest):
+        if mode == "compiled":
+            raise RuntimeError("inductor: no kernel for this graph\nand a long trace")
+        return {"epoch_seconds": 2.0, "first_epoch_seconds": 3.0}
+    monkeypatch.setattr(epoch_bench, "in_fresh_process", fresh_process)
+    lines = []
+    rows = list(epoch_rows(TrainConfig(), EPOCH_METHODS[:1], ["eager", "compiled"], ["fp32"], "cpu", log=lines.append))
+    assert [row["mode"] for row in rows] == ["eager", "compiled"] and "error" not in rows[0]
+    assert rows[1]["error"] == "RuntimeError: inductor: no kernel for this graph"
+    assert pd.isna(rows[1]["epoch_seconds"]) and rows[1]["git_commit"] and "failed" in lines[1]
+    assert fastest_mode(pd.DataFrame(rows)) == "eager"
 
 
 def test_a_short_recipe_keeps_a_warm_up_shorter_than_itself():
