@@ -15,7 +15,7 @@ paper's recipe (50,000 training images); on a GPU not yet measured.
 from infopro.analysis import analyse_runs, probe_run, probe_settings
 from infopro.cli import ArgumentParser, at_least, run
 from infopro.device import resolve_device
-from infopro.probes import DEFAULT_L2
+from infopro.probes import DEFAULT_L2, check_l2, check_pool
 from infopro.runs import finished_runs
 
 
@@ -42,6 +42,8 @@ def main(argv=None):
     p.add_argument("--l2", type=float, default=DEFAULT_L2, help="L2 penalty of the logistic regression")
     p.add_argument("--out", default="results/analysis/linear_probe.csv")
     args = p.parse_args(argv)
+    check_pool(args.pool)  # before any run is read: one without weights is skipped before its settings are
+    check_l2(args.l2)
     device = resolve_device(args.device)
     runs = finished_runs(args.runs, args.only)
     analyse_runs(

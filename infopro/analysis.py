@@ -205,10 +205,11 @@ def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *
     check_writable(csv_path.parent)
     table = read_analysis(csv_path) if csv_path.exists() else pd.DataFrame()
     for run in runs:
+        wanted = wanted_layers(run, layers)  # bad layer points are refused whether or not the run has weights
         if not run.has_weights:
             log(f"{run.run_id}: no model.pt, skipped")
             continue
-        settings, wanted = settings_of(run), wanted_layers(run, layers)
+        settings = settings_of(run)
         same = matches(table, run.run_id, settings) if not table.empty else pd.Series(dtype=bool)
         done = set() if force or table.empty else set(table.loc[same, "layer"])
         missing = [layer for layer in wanted if layer not in done]
