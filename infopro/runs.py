@@ -40,7 +40,8 @@ class Run:
         """The trained network in eval mode (BN uses its running statistics)."""
         if not self.has_weights:
             raise InfoProError(f"{self.path} has no model.pt (git keeps the weights of seed 0 and of the other "
-                               "runs the analyses read, see .gitignore; rebuild them with "
+                               "runs the analyses read, see .gitignore; the CPU fixture's come back with "
+                               "make fixture-weights; rebuild others with "
                                f"python -m experiments.retrain {self.path} --restore-weights)")
         net = build_net(self.config)
         state = load_torch(self.path / "model.pt", "restore it from git or train the run again")

@@ -33,7 +33,7 @@ def test_a_replay_matches_its_record_and_rebuilds_weights_left_out(finished, tmp
     path, trained = finished
     assert retrain(load_run(path), tmp_path / "work", log=quiet) == []  # metrics and weights compared
     (path / "model.pt").unlink()
-    with pytest.raises(InfoProError, match="rebuild them with python -m experiments.retrain"):
+    with pytest.raises(InfoProError, match="rebuild others with python -m experiments.retrain"):
         load_run(path).load_net()
     assert retrain(load_run(path), tmp_path / "work", restore=True, log=quiet) == []
     rebuilt = torch.load(path / "model.pt", weights_only=True)
