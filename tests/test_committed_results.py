@@ -98,6 +98,23 @@ def test_every_scored_network_has_its_weights_committed():
     assert all("-n10000-e12-b128-" in run_id for run_id in scored - with_weights), scored - with_weights
 
 
+def test_make_fixture_weights_restores_every_fixture_network(tmp_path):
+    """They left the tracked tree; `make fixture-weights` must put back every one of them, each the
+    network its run recorded, and leave the clone clean (git ignores them)."""
+    if subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True,
+                      text=True).stdout.strip() != "false":
+        pytest.skip("a shallow clone lacks the history that keeps the fixture's weights")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--shared", str(REPO), str(clone)], check=True)
+    made = subprocess.run(["make", "-s", "fixture-weights"], cwd=clone, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    fixture = [run for run in find_runs(clone / "results" / "runs") if "-n10000-e12-b128-" in run.run_id]
+    assert len(fixture) == 51 and all(run.has_weights for run in fixture)  # the cpu-fixture grid, three seeds
+    fixture[0].load_net()  # the file holds that run's network
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+    assert status == ""
+
+
 def record_names(results) -> set[str]:
     """Every column of the committed record CSVs and every key of the runs' JSON files, a module's
     index written `<k>` (`loss_m3` -> `loss_m<k>`). The tables' human-readable headers are not records."""
