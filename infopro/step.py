@@ -95,10 +95,10 @@ def compile_modules(modules: list, backend: str = "inductor") -> list:
     Inductor fuses each module's BatchNorm, ReLU, residual adds and its objective's pointwise work
     into fewer kernels, forward and backward; it keeps fp32 (TF32 where the eager step uses it),
     so the numbers move only by the order of floating-point sums (tests/test_step_modes.py states
-    by how much). A module is one graph per batch shape (`dynamic=False`: the last, smaller batch
-    of an epoch gets its own graph instead of turning every graph dynamic), and the whole module
-    must compile (`fullgraph`). All modules run the code of `LocalModule.forward`, and dynamo counts
-    graphs per code object: the limit is raised to two graphs per module, and a run that would
+    by how much). A module is one graph per batch shape (`dynamic=False`: a batch of another shape
+    gets its own graph instead of turning every graph dynamic; the training loop sends only whole
+    batches, `OneProcess.modules_for`), and the whole module must compile (`fullgraph`). All
+    modules run the code of `LocalModule.forward`, and dynamo counts graphs per code object: the limit is raised to two graphs per module, and a run that would
     exceed it fails instead of falling back to eager in silence.
     """
     config = torch._dynamo.config

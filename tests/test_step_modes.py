@@ -17,7 +17,7 @@ from infopro.config import TrainConfig, build_net
 from infopro.errors import InfoProError
 from infopro.records import read_json
 from infopro.step import compile_modules, resolve_step_mode, train_step
-from infopro.train import train
+from infopro.train import OneProcess, train
 
 # After one step, every local module's gradient (all its parameters as one vector) lies within this
 # fraction of its norm of the eager step's: measured at 1.3e-6 (E2E), 1.4e-5 (greedy SL), 4.1e-6
@@ -103,10 +103,22 @@ def test_a_compiled_run_trains_as_the_eager_run_and_says_how_it_stepped(shallow_
     metrics = {mode: pd.read_csv(out / "metrics.csv") for mode, out in runs.items()}
     losses = [column for column in metrics["eager"] if column.startswith("loss_m")]
     pd.testing.assert_frame_equal(metrics["compiled"][losses], metrics["eager"][losses], rtol=1e-4)
+    assert counters["stats"]["unique_graphs"] == config.K  # whole batches only: the last one steps eagerly
     assert read_json(runs["compiled"] / "config.json")["provenance"]["step_mode"] == "compiled"
     assert read_json(runs["eager"] / "config.json")["provenance"]["step_mode"] == "eager"
     ended = metrics["compiled"]["ended_at"]
     assert ended.is_monotonic_increasing and ended.diff().iloc[1] >= metrics["compiled"]["epoch_seconds"].iloc[1]
+
+
+def test_compiled_modules_take_whole_batches_and_the_last_one_steps_eagerly(shallow_archs):
+    """A second batch shape would compile every module again, for one batch an epoch."""
+    replicas = OneProcess(torch.device("cpu"), step_mode="compiled")
+    replicas.wrap(build_net(shallow_config("greedy", 2)))  # torch.compile is lazy: nothing compiles here
+    assert len(replicas.compiled) == 2 and replicas.modules_for(16, 16) is replicas.compiled
+    assert replicas.modules_for(8, 16) is None  # the network's own modules
+    eager = OneProcess(torch.device("cpu"))
+    eager.wrap(build_net(shallow_config("greedy", 2)))
+    assert eager.modules_for(16, 16) is None
 
 
 def test_the_default_mode_on_a_cpu_is_eager(tmp_path):
