@@ -1,9 +1,12 @@
 """The epoch benchmark: rows per method and step mode, resumable, and the mode the grids train in."""
 
+import time
+
 import pandas as pd
 import pytest
 
 from conftest import run_main
+from experiments import bench_epochs
 from infopro import epoch_bench
 from infopro.config import TrainConfig
 from infopro.epoch_bench import EPOCH_METHODS, epoch_rows, fastest_mode, method_key, short_recipe
@@ -69,6 +72,19 @@ def test_a_complete_file_is_continued_without_measuring_again(tmp_path):
     result = run_main("experiments.bench_epochs", "--dataset", "synthetic", "--device", "cpu", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert pd.read_csv(tmp_path / "epoch-resnet32-cpu.csv").equals(pd.DataFrame(rows))
+
+
+def test_no_measurement_starts_after_the_time_budget_and_the_next_call_goes_on(monkeypatch, tmp_path):
+    def fresh_process(function, config, mode, *rest):
+        time.sleep(0.05)
+        return {"epoch_seconds": 1.0, "first_epoch_seconds": 2.0}
+    monkeypatch.setattr(epoch_bench, "in_fresh_process", fresh_process)
+    args = ["--dataset", "synthetic", "--device", "cpu", "--out", str(tmp_path), "--time-budget", "0.0005"]
+    bench_epochs.main(args)  # 0.03 s: one measurement, then none started
+    path = tmp_path / "epoch-resnet32-cpu.csv"
+    assert len(pd.read_csv(path)) == 1
+    bench_epochs.main(args)
+    assert pd.read_csv(path)[["method", "mode"]].values.tolist() == [["e2e", "eager"], ["e2e", "compiled"]]
 
 
 def test_missing_data_is_one_line_before_any_measurement(tmp_path):
