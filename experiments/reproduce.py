@@ -18,6 +18,9 @@ H100, resumed across calls; `make status` adds up what is left); bf16-twins (E2E
 1c2f estimates follow on a CPU from `make probes mutual-info figures tables`.
 """
 
+import getpass
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,8 +67,20 @@ def main(argv=None):
     for stage in plan:
         for line in stage.progress():
             print(f"[{stage.name}] {line}")
+    print(inductor_cache_line())
     if failed:
         raise InfoProError(f"stages that failed: {', '.join(failed)} (their output is above)")
+
+
+def inductor_cache_line() -> str:
+    """What inductor's compile cache holds after a call. It lasts as long as the machine, and a cold compile
+    costs a compiled training minutes per configuration: its size says whether carrying it to the next
+    lease would fit what a call may carry (64 MiB with the tree)."""
+    folder = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+                  or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+    files = [path for path in folder.rglob("*") if path.is_file()] if folder.is_dir() else []
+    mib = sum(path.stat().st_size for path in files) / 2**20
+    return f"inductor's cache: {mib:.1f} MiB in {len(files)} files ({folder})"
 
 
 if __name__ == "__main__":

@@ -182,8 +182,13 @@ def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch,
     call = ["--time-budget", "1", "--results", str(results), "--pack-to", str(parts)]
 
     monkeypatch.setattr(reproduce, "stages", lambda *args: [replace(made, progress=lambda: ["1 done"])])
+    cache = tmp_path / "inductor"
+    (cache / "fxgraph").mkdir(parents=True)
+    (cache / "fxgraph" / "graph").write_bytes(b"x" * 2**20)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
     reproduce.main(call)
-    assert capsys.readouterr().out.splitlines()[-2:] == [f"packed 1 part into {parts}", "[table2] 1 done"]
+    assert capsys.readouterr().out.splitlines()[-3:] == [f"packed 1 part into {parts}", "[table2] 1 done",
+                                                         f"inductor's cache: 1.0 MiB in 1 files ({cache})"]
 
     def unreadable():
         raise InfoProError("unreadable")
