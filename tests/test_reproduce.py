@@ -187,8 +187,10 @@ def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch,
     (cache / "fxgraph" / "graph").write_bytes(b"x" * 2**20)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
     reproduce.main(call)
-    assert capsys.readouterr().out.splitlines()[-3:] == [f"packed 1 part into {parts}", "[table2] 1 done",
-                                                         f"inductor's cache: 1.0 MiB in 1 files ({cache})"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-4:-2] == [f"packed 1 part into {parts}", "[table2] 1 done"]
+    assert lines[-2].startswith("training epochs ran for 0.0 of this call's 0.0 min")
+    assert lines[-1] == f"inductor's cache: 1.0 MiB in 1 files ({cache})"
 
     def unreadable():
         raise InfoProError("unreadable")
@@ -205,6 +207,22 @@ def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch,
     with pytest.raises(InfoProError, match="cannot write results in .*a-file"):
         reproduce.main([*call[:-1], str(tmp_path / "a-file" / "out")])
     assert "table2" not in capsys.readouterr().out
+
+
+def test_the_training_share_counts_epochs_of_this_call_once_however_many_ran_side_by_side(tmp_path):
+    """Epochs as metrics.csv records them: (ended_at, epoch_seconds), evaluation between them excluded."""
+    import experiments.reproduce as reproduce
+    began = 1000.0
+    for run, epochs in {"a": [(1010, 10), (1025, 10)], "b": [(1015, 10), (1020, 5)],  # a and b overlap
+                        "old": [(990, 10)], "resumed": [(None, 10), (1060, 20)]}.items():
+        (tmp_path / run).mkdir()
+        pd.DataFrame(epochs, columns=["ended_at", "epoch_seconds"]).to_csv(tmp_path / run / "metrics.csv", index=False)
+    (tmp_path / "before-ended_at").mkdir()
+    pd.DataFrame({"epoch_seconds": [5.0]}).to_csv(tmp_path / "before-ended_at" / "metrics.csv", index=False)
+    # a: 1000-1010 (of which 1000 on: the epoch of "old" ended before the call), 1015-1025; b: 1005-1015,
+    # 1015-1020; resumed: 1040-1060. Union from 1000: 1000-1025 and 1040-1060, 45 of 100 s.
+    assert reproduce.training_share_line(tmp_path, began, began + 100) == \
+        "training epochs ran for 0.8 of this call's 1.7 min (45%)"
 
 
 def test_each_stage_is_packed_before_the_next_starts(tmp_path, monkeypatch):
