@@ -6,6 +6,7 @@
     python -m experiments.bench --measure steps pipeline         # + our input pipeline vs a DataLoader
     python -m experiments.bench --measure work --device cpu      # FLOPs, operators, bytes per step (any device)
     python -m experiments.bench --measure profile --methods e2e infopro-balanced:4  # where a step's time goes
+    python -m experiments.bench --step compiled                  # the step table, modules compiled (CUDA)
     python -m experiments.bench --device cpu --quick --out /tmp/b  # every method, tiny, on CPU
 
 Feeds Table 3 and the memory figure (`make table3 fig_memory`). The paper (Titan Xp,
@@ -56,6 +57,10 @@ def parse_args(argv=None):
                         "always); profile: "
                         "the operators a step's time goes to (--steps profiled steps after --warmup) and, "
                         "on CUDA, where the GPU's idle time goes")
+    p.add_argument("--step", default="eager", choices=("eager", "compiled"),
+                   help="with --measure steps: compiled times each method with its local modules under "
+                        "torch.compile (the grids' training mode on a GPU) into OUT/compiled/; checkpointing "
+                        "and offloading step eagerly only (default: eager, the paper's kind of step)")
     p.add_argument("--caps", metavar="GIB,...", type=gib_list, default=[2.0, 4.0, 8.0],
                    help="CUDA allocation caps for --measure max-batch (default 2,4,8)")
     p.add_argument("--pipeline-images", type=at_least(1), help="images in that epoch (default 50000; 512 with --quick)")
@@ -96,13 +101,18 @@ def main(argv=None):
     device = resolve_device(args.device)
     if "max-batch" in args.measure and device.type != "cuda":
         raise InfoProError("--measure max-batch searches under a real CUDA allocation cap; it needs --device cuda")
+    if args.step == "compiled" and args.measure != ["steps"]:
+        raise InfoProError("--step compiled times steps only: give it with --measure steps alone")
     configure_backends(device)  # as each worker does, so that the provenance below records their settings
     context = {"arch": args.arch, "batch_size": args.batch_size, "precision": args.precision,
                "steps": args.steps, "warmup": args.warmup} | provenance(device)
     stem = Path(args.out) / f"{args.arch}-b{args.batch_size}-{args.precision}-{device_slug(device)}"
+    if args.step == "compiled":  # beside the eager step table of the same name, which it must not replace
+        stem = stem.parent / "compiled" / stem.name
+        check_writable(stem.parent)
     if "steps" in args.measure:
         table = run_methods(methods, args.arch, args.batch_size, args.precision, device.type, args.steps,
-                            args.warmup)
+                            args.warmup, args.step)
         write_csv(f"{stem}.csv", table.assign(**context).to_dict("records"))
         print(summary_table(table))
         print(f"wrote {stem}.csv")

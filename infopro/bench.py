@@ -34,6 +34,7 @@ The largest batch under a memory cap: `infopro.max_batch`.
 import gc
 import re
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -49,9 +50,10 @@ from infopro.augment import augmented_batch
 from infopro.bench_methods import Method
 from infopro.config import build_net
 from infopro.device import configure_backends, place
+from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory, SavedActivations
 from infopro.records import device_name, write_csv
-from infopro.step import train_step
+from infopro.step import compile_modules, train_step
 from infopro.trace import gpu_idle, trace_spans
 
 
@@ -81,27 +83,36 @@ class StepTimer:
         return [b - a for a, b in self.marks]
 
 
-def prepare_step(method: Method, arch: str, batch_size: int, precision: str, device: torch.device):
-    """A network, its optimizer, one resident batch and the step's forward+backward (no optimizer step)."""
+def prepare_step(method: Method, arch: str, batch_size: int, precision: str, device: torch.device,
+                 step_mode: str = "eager"):
+    """A network, its optimizer, one resident batch and the step's forward+backward (no optimizer step),
+    its local modules compiled in the compiled step mode (`forward_backward(modules=None)` steps eagerly)."""
+    if step_mode == "compiled" and method.manages_saved_tensors:
+        raise InfoProError(f"{method.label} steps eagerly only: torch.compile does not trace checkpoint_sequential, "
+                           "and would bypass offloading's saved-tensor hooks")
     configure_backends(device)
     net = place(build_net(method.config(arch, batch_size, precision)), device)
+    compiled = compile_modules(net.local_modules) if step_mode == "compiled" else None
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
     generator = torch.Generator(device=device).manual_seed(0)
     images = torch.randint(0, 256, (batch_size, 3, 32, 32), dtype=torch.uint8, device=device, generator=generator)
     labels = torch.randint(0, 10, (batch_size,), device=device, generator=generator)
 
-    def forward_backward():
+    def forward_backward(modules=compiled):
         optimizer.zero_grad(set_to_none=True)
         with method.context(device):
-            train_step(net, augmented_batch(images, generator), labels, precision, method.run_segment())
+            train_step(net, augmented_batch(images, generator), labels, precision, method.run_segment(), modules)
 
     return net, optimizer, images.nbytes + labels.nbytes, forward_backward
 
 
 def measure(method: Method, arch: str, batch_size: int, precision: str, device: torch.device,
-            steps: int, warmup: int) -> dict:
-    """All measures of one method, in this process (call it in a fresh one)."""
-    net, optimizer, batch_bytes, forward_backward = prepare_step(method, arch, batch_size, precision, device)
+            steps: int, warmup: int, step_mode: str = "eager") -> dict:
+    """All measures of one method, in this process (call it in a fresh one). In the compiled step mode the
+    warm-up steps compile and the timed steps and CUDA peaks are the compiled ones'; the exact tensor
+    measures stay those of an eager step, the math they are defined on."""
+    net, optimizer, batch_bytes, forward_backward = prepare_step(method, arch, batch_size, precision, device,
+                                                                 step_mode)
     for _ in range(warmup):
         forward_backward()
         optimizer.step()
@@ -118,13 +129,13 @@ def measure(method: Method, arch: str, batch_size: int, precision: str, device: 
     step_seconds = sorted(timer.seconds())
     allocator_after = allocator_calls(device)
     median = step_seconds[len(step_seconds) // 2]
-    record = {"method": method.label, "family": method.family, "K": method.K,
+    record = {"method": method.label, "family": method.family, "K": method.K, "step_mode": step_mode,
               "step_seconds": median, "step_seconds_min": step_seconds[0], "step_seconds_max": step_seconds[-1],
               "images_per_second": batch_size / median}
     record |= cuda_memory(device)
     record |= {f"{key}_in_timed_steps": None if value is None else allocator_after[key] - value
                for key, value in allocator_before.items()}
-    record |= device_independent_memory(method, forward_backward, device)
+    record |= device_independent_memory(method, partial(forward_backward, modules=None), device)
     record |= {"parameter_bytes": sum(p.numel() * p.element_size() for p in net.parameters()),
                "optimizer_state_bytes": sum(v.numel() * v.element_size() for state in optimizer.state.values()
                                             for v in state.values() if torch.is_tensor(v)),

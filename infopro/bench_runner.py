@@ -68,13 +68,14 @@ def worker_args(method: str, arch: str, precision: str, device: str, *options: s
 
 
 def run_methods(methods: list[str], arch: str, batch_size: int, precision: str, device: str, steps: int,
-                warmup: int, timeout: float = 3600, log=print) -> pd.DataFrame:
-    """Measure each method in a fresh process; a failing method gets its error, the rest go on."""
+                warmup: int, step_mode: str = "eager", timeout: float = 3600, log=print) -> pd.DataFrame:
+    """Measure each method in a fresh process, its steps in `step_mode`; a failing method gets its error,
+    the rest go on."""
     rows = []
     for label in methods:
         row = {"method": label} | run_in_fresh_process(
             worker_args(label, arch, precision, device, "--batch-size", str(batch_size), "--steps", str(steps),
-                        "--warmup", str(warmup)), timeout)
+                        "--warmup", str(warmup), "--step", step_mode), timeout)
         rows.append(row)
         log(f"{label:<22} " + (f"error: {row['error']}" if "error" in row else
                                f"{1000 * row['step_seconds']:9.1f} ms/step  "
@@ -106,6 +107,7 @@ def worker(argv=None) -> None:
     p.add_argument("--warmup", type=int)
     p.add_argument("--search-caps", type=lambda text: [float(cap) for cap in text.split(",")])
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--step", default="eager")
     args = p.parse_args(argv)
     device = resolve_device(args.device)
     method = Method.parse(args.method)
@@ -115,7 +117,8 @@ def worker(argv=None) -> None:
     elif args.profile:
         record = profile_step(method, args.arch, args.batch_size, args.precision, device, args.steps, args.warmup)
     else:
-        record = measure(method, args.arch, args.batch_size, args.precision, device, args.steps, args.warmup)
+        record = measure(method, args.arch, args.batch_size, args.precision, device, args.steps, args.warmup,
+                         args.step)
     print(json.dumps(record))
 
 

@@ -157,10 +157,7 @@ def with_remeasured_times(results, table: pd.DataFrame) -> pd.DataFrame:
     path = Path(results) / "bench" / "remeasured" / table["source_file"].iloc[0]
     if not path.is_file():
         return table
-    later = read_result(path, "bench", BENCH_COLUMNS + TIME_COLUMNS + ("git_commit",), selection.measured_rows)
-    if "e2e" not in set(later["method"]):
-        raise InfoProError(f"{path} holds no E2E step: a re-measurement's time ratios are against its own E2E; "
-                           f"measure again with e2e among --methods")
+    later = later_step_table(path, BENCH_COLUMNS + TIME_COLUMNS + ("git_commit",))
     later = later.set_index("method")[list(TIME_COLUMNS) + ["git_commit"]].rename(columns={"git_commit": "timed_at"})
     table = table.set_index("method")
     table.update(later)
@@ -210,6 +207,26 @@ def load_idle(results, bench: pd.DataFrame) -> pd.DataFrame | None:
                              ("method", "idle_ms_per_step", "idle_dispatch_ms_per_step", "git_commit"))
 
 
+def load_compiled(results, bench: pd.DataFrame) -> pd.DataFrame | None:
+    """The step table's twin timed with compiled local modules (`experiments.bench --step compiled`, under
+    bench/compiled/), its measured methods, if it was made. Its time ratios are against its own E2E:
+    times compare only within one call."""
+    path = Path(results) / "bench" / "compiled" / bench["source_file"].iloc[0]
+    if not path.is_file():
+        return None
+    return later_step_table(path, ("method", "step_seconds_vs_e2e", "git_commit"))
+
+
+def later_step_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The measured methods of a step table from a call of its own, which must have timed E2E: its time
+    ratios are against its own E2E."""
+    table = read_result(path, "bench", columns, selection.measured_rows)
+    if "e2e" not in set(table["method"]):
+        raise InfoProError(f"{path} holds no E2E step: its time ratios are against its own E2E; "
+                           f"measure again with e2e among --methods")
+    return table
+
+
 def load_work(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     """The work counts of the step table's architecture and batch, if they were made (on any device:
     FLOPs depend on shapes only). Operators may be blank: offload's, counted off a GPU."""
@@ -227,11 +244,12 @@ def memory_figure(results):
 
 def table3(results) -> tuple[pd.DataFrame, str]:
     """Table 3 and its caption: the step table, test errors of runs, the paper's values, max batch if
-    searched, the work of a step if counted, its busy time if profiled and its GPU's idle time if read."""
+    searched, the work of a step if counted, its busy time if profiled, its GPU's idle time if read and
+    its compiled step times if timed."""
     bench = table3_bench(results)
     return tables.table3(bench, runs_or_empty(results), load_reference(results, "table3"),
                          load_max_batch(results, bench), load_work(results, bench), load_profile(results, bench),
-                         load_idle(results, bench))
+                         load_idle(results, bench), load_compiled(results, bench))
 
 
 def claims_table(results) -> tuple[pd.DataFrame, str]:

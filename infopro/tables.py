@@ -238,12 +238,14 @@ def write_table(table: pd.DataFrame, caption: str, stem) -> list[Path]:
 
 def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
            max_batch: pd.DataFrame | None = None, work: pd.DataFrame | None = None,
-           profile: pd.DataFrame | None = None, idle: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
+           profile: pd.DataFrame | None = None, idle: pd.DataFrame | None = None,
+           compiled: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
     """Memory, time overhead and test error per method, ours beside the paper's Table 3; with
     `max_batch` (the search's CSV), each method's largest batch under each cap as well; with
     `work` (the counts' CSV), the extra FLOPs and operators beside the extra time; with `profile`
     (the operator profile's CSV), the extra busy time beside it; with `idle` (`infopro.trace`'s CSV),
-    the GPU's idle time a step and how much of it waited for the host's dispatch."""
+    the GPU's idle time a step and how much of it waited for the host's dispatch; with `compiled` (the
+    step table timed with compiled modules), the extra time in the grids' training mode."""
     measured = measured_rows(bench).set_index("method")
     order = [m for m in TABLE3_METHODS if m in measured.index]
     first = measured.loc[order[0]]
@@ -261,7 +263,8 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
             "ours: memory (GiB)": f"{ours[column] / 2**30:.2f}",
             "ours: vs E2E": f"{100 * (ours[f'{column}_vs_e2e'] - 1):+.1f}%",
             "ours: time vs E2E": f"{100 * (ours['step_seconds_vs_e2e'] - 1):+.1f}%",
-        } | extra_busy_time(busy, method) | idle_time(idle, method) | extra_work(work, method) | {
+        } | compiled_time(compiled, method) | extra_busy_time(busy, method) | idle_time(idle, method)
+          | extra_work(work, method) | {
             "ours: error (%)": mean_std(mean, std), "n": n,
             "paper: memory (GB)": "–" if ref is None else f"{ref['memory_gb']:.2f}",
             "paper: time": "–" if ref is None or pd.isna(ref["overhead_wall_pct"]) else f"+{ref['overhead_wall_pct']:.1f}%",
@@ -276,6 +279,10 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
                f"cifar10.")
     if remeasured := remeasured_times(measured.reset_index()):
         caption += f" {remeasured[0].upper()}{remeasured[1:]}."
+    if compiled is not None:
+        caption += (" Time vs E2E, compiled: each local module under torch.compile (the grids' training mode on a "
+                    f"GPU), timed in a call of its own at {commits(compiled['git_commit'])} against that call's "
+                    "compiled E2E; – : not timed compiled, and checkpointing and offloading step eagerly only).")
     if profile is not None:
         caption += (" Busy time vs E2E: the summed self time of a step's operators (torch.profiler over "
                     f"{', '.join(sorted(profile['steps'].astype(int).astype(str).unique()))} steps after warm-up, "
@@ -305,6 +312,15 @@ def busy_times(profile: pd.DataFrame) -> pd.Series:
     wall time above it is time the GPU waited (for the host, for a copy)."""
     by_method = profile.groupby("method")
     return by_method["self_ms_per_step"].sum() / by_method["share"].sum()
+
+
+def compiled_time(compiled: pd.DataFrame | None, method: str) -> dict:
+    """{"ours: time vs E2E, compiled": "+x%"} of `method` from the compiled step table ({} when it was not
+    made; – for a method it did not time)."""
+    if compiled is None:
+        return {}
+    found = compiled.loc[compiled["method"] == method, "step_seconds_vs_e2e"]
+    return {"ours: time vs E2E, compiled": "–" if found.empty else f"{100 * (found.iloc[0] - 1):+.1f}%"}
 
 
 def extra_busy_time(busy: pd.Series | None, method: str) -> dict:

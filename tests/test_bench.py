@@ -14,6 +14,7 @@ from infopro.bench import count_work, idle_or_error, measure, with_ratios
 from infopro.bench_methods import Method, default_methods
 from infopro.bench_runner import run_profiles
 from infopro.max_batch import cuda_peak_bytes, largest_fitting, search_max_batches
+from infopro import models
 from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory
 
@@ -116,6 +117,25 @@ def test_every_method_orders_memory_as_theory_says():
     assert table.loc["infopro:16", "peak_saved_activation_bytes_vs_e2e"] <= 0.25
 
 
+@pytest.mark.slow
+def test_a_compiled_step_table_times_compiled_modules_and_keeps_the_eager_exact_measures(monkeypatch):
+    """Compiling a ResNet-32 takes a minute on a CPU: a ResNet-8 of the same blocks stands in."""
+    monkeypatch.setitem(models.ARCHS, "resnet8", 8)
+    rows = {mode: measure(Method.parse("e2e"), "resnet8", 8, "fp32", torch.device("cpu"), steps=2, warmup=1,
+                          step_mode=mode) for mode in ("eager", "compiled")}
+    assert rows["compiled"]["step_mode"] == "compiled" and rows["eager"]["step_mode"] == "eager"
+    for exact in ("peak_step_tensor_bytes", "peak_saved_activation_bytes"):
+        assert rows["compiled"][exact] == rows["eager"][exact]
+
+
+def test_checkpointing_and_offloading_are_not_timed_compiled():
+    """torch.compile refuses checkpoint_sequential, and would step past offloading's saved-tensor hooks."""
+    for method in ("checkpoint", "offload", "infopro+checkpoint:2"):
+        with pytest.raises(InfoProError, match="steps eagerly only"):
+            measure(Method.parse(method), "resnet32", 8, "fp32", torch.device("cpu"), steps=1, warmup=0,
+                    step_mode="compiled")
+
+
 def test_the_work_of_a_step_follows_what_each_method_computes():
     """Offloading moves tensors and computes nothing more (and off a GPU moves nothing, so its
     operators are not counted there); checkpointing recomputes part of the forward pass (a third
@@ -216,7 +236,9 @@ def test_bench_refuses_bad_input_in_one_line(tmp_path):
                            "no paper split with λ1, λ2 at K=3; valid K: 2, 4, 8, 16"),
                           (["--arch", "resnet32", "--methods", "infopro-balanced:2"],
                            "the paper gives resnet32 no balanced split with λ1, λ2 at K=2; valid K: none"),
-                          (["--measure", "speed"], "invalid choice")):
+                          (["--measure", "speed"], "invalid choice"),
+                          (["--step", "compiled", "--measure", "steps", "profile"],
+                           "--step compiled times steps only")):
         result = run_main("experiments.bench", *args, "--out", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr

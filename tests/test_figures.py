@@ -33,12 +33,12 @@ def results_copy(tmp_path_factory):
 
 
 def results_before_the_profile(tmp_path):
-    """The committed results without model weights and without the GPU's re-measured step times,
-    profile and idle analysis, which the tests below replace by stand-ins: what a lease commits of
+    """The committed results without model weights and without the GPU's re-measured and compiled step
+    times, profile and idle analysis, which the tests below replace by stand-ins: what a lease commits of
     those must not decide what the tests expect."""
     results = tmp_path / "results"
     shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("*.pt", "logs", "remeasured", "profile-*",
-                                                                    "idle-*"))
+                                                                    "idle-*", "compiled"))
     return results
 
 
@@ -92,6 +92,31 @@ def test_table3_takes_re_measured_times_against_their_own_e2e_and_the_profiled_b
     footer = re.sub(r"\s", "", memory_figure(results).texts[-1].get_text())  # wrapped at spaces and hyphens
     assert "steptimesofe2e,checkpointre-measuredatfffffff" in footer
     later.drop(index=0).to_csv(results / "bench" / "remeasured" / name, index=False)
+    with pytest.raises(InfoProError, match="holds no E2E step"):
+        table3(results)
+
+
+def test_table3_sets_compiled_step_times_against_their_own_e2e_beside_the_eager_ones(tmp_path):
+    """A stand-in compiled table: E2E and InfoPro* K = 4 timed (E2E faster than in the eager table, so a
+    ratio against the eager E2E would differ), checkpointing refused; no E2E in it is refused."""
+    results = results_before_the_profile(tmp_path)
+    bench = table3_bench(results).set_index("method")
+    name = bench["source_file"].iloc[0]
+    assert "ours: time vs E2E, compiled" not in table3(results)[0]
+    compiled = bench.loc[["e2e", "infopro-balanced:4"]].reset_index().assign(
+        step_mode="compiled", step_seconds=[0.5, 0.6], step_seconds_vs_e2e=[1.0, 1.2], git_commit="c" * 40)
+    refused = bench.loc[["checkpoint"], ["arch", "device", "batch_size", "precision"]].reset_index()
+    (results / "bench" / "compiled").mkdir()
+    pd.concat([compiled, refused.assign(error="checkpoint steps eagerly only")]).to_csv(
+        results / "bench" / "compiled" / name, index=False)
+    table, caption = table3(results)
+    table = table.set_index("method")
+    assert list(table.loc[["e2e", "infopro-balanced:4", "checkpoint"], "ours: time vs E2E, compiled"]) == \
+        ["+0.0%", "+20.0%", "–"]
+    eager = bench.loc["infopro-balanced:4", "step_seconds_vs_e2e"]
+    assert table.loc["infopro-balanced:4", "ours: time vs E2E"] == f"{100 * (eager - 1):+.1f}%"  # untouched
+    assert "compiled E2E" in caption and "at ccccccc" in caption
+    compiled.drop(index=0).to_csv(results / "bench" / "compiled" / name, index=False)
     with pytest.raises(InfoProError, match="holds no E2E step"):
         table3(results)
 

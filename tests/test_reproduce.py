@@ -44,14 +44,20 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
     assert list(plan) == ["epoch-bench", "table3", "module-parallel", "max-batch", "profile", "profile-resnet32",
                           "retime", "remainder-ceiling", "grid-jobs", "dgl-seed0", "table2", "dgl",
-                          "bf16-twins"]  # no run has weights here
+                          "bf16-twins", "table3-compiled"]  # no run has weights here
     assert not any(stage.done() for stage in plan.values())
     for name in ("resnet110-b1024-fp32-cpu.csv", "pipeline-resnet32-b1024-fp32-cpu.csv"):
         (bench / name).touch()
     assert not plan["table3"].done()  # CPU measurements do not count
     for name in ("resnet110-b1024-fp32-nvidia-h100.csv", "pipeline-resnet32-b1024-fp32-nvidia-h100.csv"):
         (bench / name).touch()
-    assert plan["table3"].done()
+    assert plan["table3"].done() and not plan["table3-compiled"].done()
+    (bench / "compiled").mkdir()
+    (bench / "compiled" / "resnet110-b1024-fp32-nvidia-h100.csv").touch()
+    assert plan["table3-compiled"].done()
+    compiled = plan["table3-compiled"].command(9.0)
+    assert compiled[compiled.index("--step") + 1] == "compiled"
+    assert compiled[compiled.index("--out") + 1] == str(bench.resolve())
     (bench / "profile-resnet110-b1024-fp32-cpu.csv").touch()
     assert not plan["profile"].done()
     (bench / "profile-resnet110-b1024-fp32-nvidia-h100.csv").touch()
@@ -154,10 +160,10 @@ def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
     lines = result.stdout.splitlines()
     stage_lines = [line for line in lines if not line.startswith(" ")]
-    assert result.returncode == 0 and len(stage_lines) == 13 and len(lines) == 21
+    assert result.returncode == 0 and len(stage_lines) == 14 and len(lines) == 22
     assert all(line.startswith("to do") for line in stage_lines)
-    assert [line.split()[2] for line in stage_lines[-3:]] == ["table2", "dgl", "bf16-twins"]
-    for stage, runs in ((-9, 39), (-6, 12), (-3, 2)):  # each grid stage ends with `grid --status`'s two totals
+    assert [line.split()[2] for line in stage_lines[-4:]] == ["table2", "dgl", "bf16-twins", "table3-compiled"]
+    for stage, runs in ((-10, 39), (-7, 12), (-4, 2)):  # each grid stage ends with `grid --status`'s two totals
         counts, left = lines[stage + 1:][:2]
         assert (counts.strip(), left.strip()) == (f"0 done, 0 partial, {runs} missing",
                                                   f"{runs} runs not timed (no seed of theirs has run an epoch)")
@@ -345,7 +351,7 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
     assert list(plan)[7:] == ["remainder-ceiling", "remainder:e2e-K1", "remainder:greedy-K4", "grid-jobs",
                               "dgl-seed0", "table2-unfinished", "table2", "remainder:infopro-contrast-K2", "dgl",
-                              "bf16-twins"]
+                              "bf16-twins", "table3-compiled"]
     unfinished = plan["table2-unfinished"].command(5.0)
     assert unfinished[unfinished.index("--only") + 1:] == ["cifar10-jpeg-resnet32-greedy-K2-s1"]
     layers = plan["remainder:greedy-K4"].command(5.0)
