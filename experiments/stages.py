@@ -10,10 +10,10 @@ re-timing), then the project's order of training and analysis: the remainder est
 and its estimates of the seed-0 E2E and greedy SL networks (the paper's figure), how many
 trainings at once fill the GPU (the grid's --jobs, measured just before the grids), DGL's seed-0
 row, the unfinished runs of Table 2, the other seed-0 networks' estimates, the remaining seeds of
-Table 2 and DGL, then bf16 twins of two fp32 runs (evidence before bf16 trains any grid). A lent
-machine is lost with everything on it, so a call can pack what it wrote (`pack`) for the way
-back. The other analyses of finished runs (probes, the 1c2f estimates) run on a CPU as well
-(`make probes mutual-info figures tables`).
+Table 2 and DGL, then bf16 twins of two fp32 runs (evidence before bf16 trains any grid) and
+Table 3's steps timed compiled, as the grids train. A lent machine is lost with everything on it,
+so a call can pack what it wrote (`pack`) for the way back. The other analyses of finished runs
+(probes, the 1c2f estimates) run on a CPU as well (`make probes mutual-info figures tables`).
 """
 
 import sys
@@ -135,25 +135,25 @@ def best_jobs(bench: Path, gpu: str | None) -> int:
     return int(tables[-1].loc[tables[-1]["best"], "jobs"].iloc[0])
 
 
+def epoch_tables(bench: Path, gpu: str | None = None) -> list:
+    """The epoch benchmark's tables of `gpu` (None: any GPU)."""
+    return [read_table(path, "delete it to measure the epochs again", ("method", "K", "mode", "precision",
+                                                                       "epoch_seconds"))
+            for path in gpu_files(bench, f"epoch-resnet32-{gpu or '*'}.csv")]
+
+
 def epochs_measured(bench: Path, gpu: str | None = None) -> bool:
     """Whether the epoch benchmark of `gpu` (None: any GPU) timed every method of it in every fp32 step mode."""
     wanted = {(*method_key(method), mode) for method in EPOCH_METHODS for mode in EPOCH_MODES}
-    for path in gpu_files(bench, f"epoch-resnet32-{gpu or '*'}.csv"):
-        table = read_table(path, "delete it to measure the epochs again", ("method", "K", "mode", "precision"))
-        fp32 = table[table["precision"] == "fp32"]
-        if wanted <= set(zip(fp32["method"], fp32["K"], fp32["mode"])):
-            return True
-    return False
+    fp32 = [table[table["precision"] == "fp32"] for table in epoch_tables(bench, gpu)]
+    return any(wanted <= set(zip(table["method"], table["K"], table["mode"])) for table in fp32)
 
 
 def training_step_mode(bench: Path, gpu: str | None) -> str:
     """The step mode the grids train in on `gpu`: the fastest fp32 mode its epoch benchmark measured, or
     `auto` (compiled on CUDA) before it has measured both."""
-    files = gpu_files(bench, f"epoch-resnet32-{gpu}.csv") if gpu else []
-    if not files:
-        return "auto"
-    return fastest_mode(read_table(files[-1], "delete it to measure the epochs again",
-                                   ("method", "K", "mode", "precision", "epoch_seconds"))) or "auto"
+    tables = epoch_tables(bench, gpu) if gpu else []
+    return (fastest_mode(tables[-1]) if tables else None) or "auto"
 
 
 def ceiling_measured(ceilings: Path) -> bool:
