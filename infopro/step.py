@@ -98,8 +98,9 @@ def compile_modules(modules: list, backend: str = "inductor") -> list:
     by how much). A module is one graph per batch shape (`dynamic=False`: a batch of another shape
     gets its own graph instead of turning every graph dynamic; the training loop sends only whole
     batches, `OneProcess.modules_for`), and the whole module must compile (`fullgraph`). All
-    modules run the code of `LocalModule.forward`, and dynamo counts graphs per code object: the limit is raised to two graphs per module, and a run that would
-    exceed it fails instead of falling back to eager in silence.
+    modules run the code of `LocalModule.forward`, and dynamo counts graphs per code object: the
+    limit is raised to two graphs per module, and a run that would exceed it fails instead of
+    falling back to eager in silence.
     """
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 2 * len(modules) + 2)
