@@ -56,10 +56,9 @@ class OneProcess:
     modules = None   # the local modules train_step runs (None: the network's own)
     compiled = None  # their compiled twins, for whole batches (the compiled step mode)
     row: dict = {}   # extra columns of metrics.csv
-    step_mode = "eager"  # or "compiled" (`infopro.step.compile_modules`)
 
     def __init__(self, device: torch.device, step_mode: str = "eager"):
-        self.device, self.step_mode = device, step_mode
+        self.device, self.step_mode = device, step_mode  # step_mode: eager, or compiled (`wrap`)
 
     def open_run(self, config: TrainConfig, out, data_root, download: bool, resume: bool) -> OpenedRun:
         return open_run(config, out, load_splits(config, self.device, data_root, download), self.device, resume,
