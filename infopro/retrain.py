@@ -6,8 +6,10 @@ config on the same data, processor and software gives the same losses, errors an
 every epoch. Git therefore keeps the weights of only the runs the analyses read; any other run's
 `model.pt` can be rebuilt where it was trained, and the rebuild proves itself by matching the
 recorded `metrics.csv` in every epoch and column but the timings. Another processor's kernels
-can differ in the last bits, which training then amplifies (the README's "Replaying a run" says
-where that happened), and on a GPU cuDNN's kernels are not bit-reproducible at all.
+can differ in the last bits, which training then amplifies; about 1 fresh CPU process in 30
+computes the supervised contrastive term in other last bits, so a replay that differs is worth
+running once more (docs/training.md, "Replaying a run", says where both happened); and on a GPU
+cuDNN's kernels are not bit-reproducible at all.
 """
 
 import csv
