@@ -1,14 +1,16 @@
 """Replaying a finished run: it must match its record exactly, rebuild left-out weights, and say where it differs."""
 
 import json
+import subprocess
 
 import pandas as pd
 import pytest
 import torch
 
-from conftest import run_cli, run_main
+from conftest import REPO, run_cli, run_main
 from infopro.config import TrainConfig
 from infopro.errors import DataError, InfoProError
+from infopro.grid import train_command
 from infopro.retrain import retrain
 from infopro.runs import load_run
 from infopro.train import train
@@ -118,10 +120,8 @@ def test_cli_exit_codes(tmp_path):
     term, since about 1 in 30 fresh CPU processes computes the contrastive term's first batch in other
     last bits (docs/training.md, replays), which would make this test fail by chance."""
     path, work = tmp_path / "runs" / "tiny", ["--work", str(tmp_path / "work")]
-    trained = run_cli("experiments.train", "--regime", "infopro", "--K", "2", "--task-loss", "softmax",
-                      "--dataset", "synthetic", "--train-subset", "128", "--test-subset", "64", "--epochs", "2",
-                      "--batch-size", "64", "--lr", "0.05", "--warmup-epochs", "1", "--device", "cpu",
-                      "--out", str(path))
+    command = train_command(TrainConfig(**{**TINY.__dict__, "task_loss": "softmax"}), path, "cpu", None)
+    trained = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert trained.returncode == 0, trained.stderr
     matched = run_cli("experiments.retrain", str(path), *work)
     assert matched.returncode == 0 and "matches the record in every epoch" in matched.stdout, \
