@@ -9,7 +9,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: help setup test check test-slow status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel bench-epochs reproduce fixture fixture-weights
+.PHONY: help setup test check test-slow status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel bench-epochs reproduce fixture cpu-weights
 
 .DEFAULT_GOAL := help
 # `make` alone lists the targets: the text after `## ` on each rule's line.
@@ -60,7 +60,7 @@ probes:  ## linear probes of every finished run not yet probed
 mutual-info:  ## I(h,x), I(h,y) of every finished run not yet estimated
 	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS)/runs --out $(RESULTS)/analysis/mutual_information.csv $(DATA) $(MI_ARGS)
 
-# Every network with weights (the schedule check's; the fixture's after `make fixture-weights`) scored image by image
+# Every network with weights (the CPU-trained ones after `make cpu-weights`) scored image by image
 # on its whole test split, for table_paired and table_e2e_gap: the test images a run never used give a fresh test of
 # InfoPro against greedy SL and of each method against E2E. A run on the whole split without weights enters with its
 # training's record.
@@ -69,7 +69,7 @@ test-predictions:  ## every network with weights scored image by image
 
 # The schedule check's analysis (fig_schedule): probes and I(h,x), I(h,y) of its seed-1 runs of E2E and K = 4 and
 # seed-0 runs of K = 2, 8 and 16 (36 epochs) and of their fixture twins (12 epochs), with the fixture's estimator
-# settings (MI_ARGS); the 36-epoch runs' model.pt are committed, the twins' come back with `make fixture-weights`.
+# settings (MI_ARGS); the weights of both come back with `make cpu-weights`.
 SCHEDULE_RUNS ?= K1-n10000-e12-b128-s1 K4-n10000-e12-b128-s1 K1-n10000-e36-b128-s1 K4-n10000-e36-b128-s1 \
                  K8-n10000-e12-b128-s0 K8-n10000-e36-b128-s0 K16-n10000-e12-b128-s0 K16-n10000-e36-b128-s0 \
                  K2-n10000-e12-b128-s0 K2-n10000-e36-b128-s0
@@ -98,13 +98,17 @@ reproduce:  ## every GPU result, stage by stage within MINUTES
 fixture:  ## the CPU fixture's runs (needs the cifar10-jpeg copy)
 	$(PYTHON) -m experiments.grid cpu-fixture --device cpu --out $(RESULTS)/runs $(DATA)
 
-# The fixture's weights are in git's history only (a clone's tree stays lean): this restores the files of the
-# commit before they left, beside their records (git ignores them), for a re-run of the fixture's analyses
-# (`make probes mutual-info test-predictions schedule-analysis` skip networks without weights). Retraining
-# (`make fixture` into another RESULTS) gives other weights on another processor (docs/training.md, replays).
+# The CPU-trained networks' weights (the fixture's, every seed, and the schedule check's) are in git's history only,
+# so a clone's tree stays lean: this restores each glob's files from the commit before they left, beside their
+# records (git ignores them), for a re-run of their analyses (`make probes mutual-info test-predictions
+# schedule-analysis` skip networks without weights). Retraining (`make fixture`; `python -m experiments.grid
+# cpu-schedule-check`) gives other weights on another processor (docs/training.md, replays).
 FIXTURE_WEIGHTS = results/runs/*-n10000-e12-b128-*/model.pt
-fixture-weights:  ## the CPU fixture's weights, back from git's history
-	git restore --worktree --source="$$(git rev-list -1 HEAD -- '$(FIXTURE_WEIGHTS)')^" -- '$(FIXTURE_WEIGHTS)'
+SCHEDULE_CHECK_WEIGHTS = results/schedule-check/*/model.pt
+restore_from_history = git restore --worktree --source="$$(git rev-list -1 HEAD -- '$(1)')^" -- '$(1)'
+cpu-weights:  ## the CPU-trained networks' weights, back from git's history
+	$(call restore_from_history,$(FIXTURE_WEIGHTS))
+	$(call restore_from_history,$(SCHEDULE_CHECK_WEIGHTS))
 
 # Where each run of GRID stands in results/runs: done (test error), partial or missing (minutes left), and in all.
 # DATASET: the committed runs are the JPEG copy's (cifar10-jpeg); a user's own runs of CIFAR-10 are cifar10's.

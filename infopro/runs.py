@@ -39,9 +39,9 @@ class Run:
     def load_net(self, device="cpu") -> LocalNet:
         """The trained network in eval mode (BN uses its running statistics)."""
         if not self.has_weights:
-            raise InfoProError(f"{self.path} has no model.pt (git keeps the weights of seed 0 and of the other "
-                               "runs the analyses read, see .gitignore; the CPU fixture's come back with "
-                               "make fixture-weights; rebuild others with "
+            raise InfoProError(f"{self.path} has no model.pt (git's tree keeps the weights of the paper recipe's "
+                               "seed 0, see .gitignore; the CPU-trained ones come back with make cpu-weights; "
+                               "rebuild others with "
                                f"python -m experiments.retrain {self.path} --restore-weights)")
         net = build_net(self.config)
         state = load_torch(self.path / "model.pt", "restore it from git or train the run again")

@@ -87,30 +87,46 @@ def test_committed_results_are_real_runs_with_provenance():
         assert not rows["analysis_dirty"].any(), f"{name}: rows made from an uncommitted source tree"
 
 
-def test_every_scored_network_has_its_weights_committed():
-    """table_paired and table_e2e_gap can be remade from a clone: `make test-predictions` finds every
-    network they re-scored (the others enter from their training's record, `scored_from` summary.json),
-    the CPU fixture's after `make fixture-weights`."""
-    predictions = pd.read_csv(RESULTS / "analysis" / "test_predictions.csv")
-    scored = set(predictions.loc[predictions["scored_from"] == "model.pt", "run_id"])
-    with_weights = {run.run_id for run in find_runs(RESULTS) if run.has_weights}
-    assert with_weights <= scored
-    assert all("-n10000-e12-b128-" in run_id for run_id in scored - with_weights), scored - with_weights
+CPU_TRAINED = "-n10000-e12-b128-", "-n10000-e36-b128-"  # the fixture, the schedule check
+ANALYSES_OF_WEIGHTS = ("linear_probe.csv", "mutual_information.csv", "schedule-check/linear_probe.csv",
+                       "schedule-check/mutual_information.csv")
 
 
-def test_make_fixture_weights_restores_every_fixture_network(tmp_path):
-    """They left the tracked tree; `make fixture-weights` must put back every one of them, each the
-    network its run recorded, and leave the clone clean (git ignores them)."""
+def scored_networks(results) -> set[str]:
+    """The runs table_paired and table_e2e_gap re-scored image by image (the others enter from their
+    training's record, `scored_from` summary.json)."""
+    predictions = pd.read_csv(results / "analysis" / "test_predictions.csv")
+    return set(predictions.loc[predictions["scored_from"] == "model.pt", "run_id"])
+
+
+def test_the_tracked_weights_are_the_gpu_trained_ones_scored():
+    """Only networks a CPU cannot retrain in minutes keep their weights in git's tree: every one of
+    them is scored, and every scored network without them is CPU-trained (`make cpu-weights`)."""
+    listed = subprocess.run(["git", "ls-files", "results/*/model.pt"], cwd=REPO, capture_output=True, text=True)
+    tracked = {line.split("/")[-2] for line in listed.stdout.splitlines()}
+    scored = scored_networks(RESULTS)
+    assert tracked and tracked <= scored
+    assert not [run_id for run_id in tracked if any(tag in run_id for tag in CPU_TRAINED)]
+    assert all(any(tag in run_id for tag in CPU_TRAINED) for run_id in scored - tracked), scored - tracked
+
+
+def test_make_cpu_weights_restores_every_network_an_analysis_read(tmp_path):
+    """The CPU-trained weights left the tracked tree; `make cpu-weights` must put back every network
+    whose probes, estimates or scores are committed, each the network its run recorded, and leave the
+    clone clean (git ignores them)."""
     if subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True,
                       text=True).stdout.strip() != "false":
-        pytest.skip("a shallow clone lacks the history that keeps the fixture's weights")
+        pytest.skip("a shallow clone lacks the history that keeps the CPU-trained weights")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", "--shared", str(REPO), str(clone)], check=True)
-    made = subprocess.run(["make", "-s", "fixture-weights"], cwd=clone, capture_output=True, text=True)
+    made = subprocess.run(["make", "-s", "cpu-weights"], cwd=clone, capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
-    fixture = [run for run in find_runs(clone / "results" / "runs") if "-n10000-e12-b128-" in run.run_id]
-    assert len(fixture) == 51 and all(run.has_weights for run in fixture)  # the cpu-fixture grid, three seeds
-    fixture[0].load_net()  # the file holds that run's network
+    runs = find_runs(clone / "results")
+    analysed = scored_networks(RESULTS) | {run_id for name in ANALYSES_OF_WEIGHTS
+                                           for run_id in pd.read_csv(RESULTS / "analysis" / name)["run_id"]}
+    assert sorted(run.run_id for run in runs if run.run_id in analysed and not run.has_weights) == []
+    assert len([run for run in runs if CPU_TRAINED[0] in run.run_id and run.has_weights]) == 51  # 3 seeds
+    next(run for run in runs if CPU_TRAINED[1] in run.run_id).load_net()  # the file holds that run's network
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
     assert status == ""
 
