@@ -79,6 +79,7 @@ class Embed(nn.Module):
         return F.pad(x, (0, 0, 0, 0, 0, 13))
 
 
+@pytest.mark.slow  # 14 s (three points); the ceiling test below checks a known level quickly
 def test_a_layer_that_destroys_the_label_gives_chance_there_and_after(data):
     train, test = data
     torch.manual_seed(0)
@@ -100,6 +101,7 @@ def test_at_the_last_point_it_agrees_with_the_linear_probe(data):
     assert remainder == pytest.approx(probe, abs=0.05)
 
 
+@pytest.mark.slow  # 10 s; the ceiling test below also checks that an invertible layer keeps the level
 def test_it_stays_level_along_invertible_layers(data):
     train, test = data
     torch.manual_seed(0)
@@ -160,7 +162,7 @@ def test_the_budget_check_reads_percentage_points():
     assert not ceiling_within(0.86, 0.889)
 
 
-@pytest.mark.slow  # the whole command line on a trained network: 13 s; the estimator's checks above are quick
+@pytest.mark.slow  # the whole command line on a trained network: 13 s
 def test_the_command_measures_the_ceiling_then_every_layer_and_fig10_draws_them(tmp_path):
     """`ceiling` writes its rows and stops at the first candidate within 2 points; `layers` takes that
     budget, writes remainder rows beside the 1c2f ones and skips them when called again; fig10 and the
