@@ -7,7 +7,6 @@ then takes a single SGD step for every module ("simultaneous" training, as the p
 """
 
 import torch
-import torch._dynamo
 
 from infopro.augment import to_unit
 from infopro.data import Split
@@ -102,6 +101,8 @@ def compile_modules(modules: list, backend: str = "inductor") -> list:
     limit is raised to two graphs per module, and a run that would exceed it fails instead of
     falling back to eager in silence.
     """
+    import torch._dynamo  # here, not at the top: it takes 2 s to import, and eager steps never need it
+
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 2 * len(modules) + 2)
     config.fail_on_recompile_limit_hit = True
