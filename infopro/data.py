@@ -12,6 +12,7 @@ The whole split lives on the training device as uint8 (150 MB for CIFAR-10's tra
 `infopro.augment` crops, flips and normalises each batch.
 """
 
+import functools
 import hashlib
 import io
 import os
@@ -317,12 +318,15 @@ def decode_images(files: dict, where: str) -> Split:
 # --------------------------------------------------------------------------------------------
 # synthetic: learnable class-conditional images
 
+@functools.lru_cache(maxsize=4)
 def synthetic_splits(n_train: int, n_test: int, seed: int = 0) -> tuple[Split, Split]:
     """Class templates (a colour plus a smooth pattern) blended with random backgrounds and noise.
 
     Deterministic (fixed seed) and balanced. Each image is 80% its class template and 20% a
     random smooth background, plus pixel noise: a ResNet-32 learns it to well under 50% error
-    within two short epochs on 1000 images, which is what the smoke tests need.
+    within two short epochs on 1000 images, which is what the smoke tests need. Made once per
+    process (half a second for the 6,000 images of `load_dataset`, which every training of the
+    tests would pay again); a `Split` is never changed in place, so its users may share it.
     """
     generator = torch.Generator().manual_seed(seed)
     colours = torch.rand(len(CLASSES), 3, 1, 1, generator=generator)

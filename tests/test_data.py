@@ -12,7 +12,9 @@ from PIL import Image
 
 from conftest import cifar10_batches, write_targz
 from infopro import augment, data
+from infopro.config import TrainConfig
 from infopro.errors import DataError
+from infopro.train import train
 
 
 def test_cifar10_from_archive_and_folder_agree(cifar10_archive, tmp_path):
@@ -107,10 +109,21 @@ def test_cifar10_jpeg_errors(tmp_path):
 
 
 def test_synthetic_is_deterministic_and_balanced():
-    a, b = data.load_dataset("synthetic"), data.load_dataset("synthetic")
-    assert a.fingerprint == b.fingerprint
+    a = data.load_dataset("synthetic")
+    made_again = data.synthetic_splits.__wrapped__(*data.SYNTHETIC_SIZES)  # not the process's shared copy
+    assert a.fingerprint == data.fingerprint(*made_again)
     assert a.train.labels.bincount().tolist() == [len(a.train) // 10] * 10
     assert a.train.images.dtype == torch.uint8 and a.train.images.shape[1:] == (3, 32, 32)
+
+
+def test_a_training_leaves_the_shared_synthetic_splits_as_made(tmp_path, monkeypatch):
+    """Every loader of the synthetic data shares one copy per process: nothing may change it in place.
+    Whole splits (no subset, which would copy them), made small."""
+    monkeypatch.setattr(data, "SYNTHETIC_SIZES", (200, 100))
+    config = TrainConfig(regime="infopro", K=2, dataset="synthetic", epochs=1, batch_size=100)
+    train(config, tmp_path / "run", device="cpu", log=lambda line: None)
+    shared = data.load_dataset("synthetic")
+    assert shared.fingerprint == data.fingerprint(*data.synthetic_splits.__wrapped__(200, 100))
 
 
 def test_subset_is_fixed_whatever_the_seed():
