@@ -107,7 +107,7 @@ def test_every_method_orders_memory_as_theory_says():
     """Exact, device-independent peaks of one step per method (in this process: no CUDA state to isolate)."""
     methods = ["e2e", "checkpoint", "greedy:16", "infopro:2", "infopro:16", "infopro+checkpoint:2",
                "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4"]
-    rows = [measure(Method.parse(m), "resnet110", 16, "fp32", torch.device("cpu"), steps=1, warmup=0)
+    rows = [measure(Method.parse(m), "resnet110", 8, "fp32", torch.device("cpu"), steps=1, warmup=0)
             for m in methods]
     table = with_ratios(pd.DataFrame(rows)).set_index("method")
     step = table["peak_step_tensor_bytes_vs_e2e"]

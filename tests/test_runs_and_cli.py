@@ -20,7 +20,7 @@ from infopro.rundir import RunDir
 from infopro.runs import find_runs, finished_runs
 from infopro.train import train
 
-TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
+TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=128, test_subset=64,
                    epochs=3, batch_size=64, lr=0.05, warmup_epochs=1)
 
 
@@ -40,8 +40,9 @@ def test_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
     whole, cut = (pd.read_csv(tmp_path / name / "metrics.csv") for name in ("whole", "cut"))
     columns = [c for c in whole.columns if c != "epoch_seconds"]
     pd.testing.assert_frame_equal(whole[columns], cut[columns])
+    cut_weights = weights(tmp_path / "cut")
     for name, tensor in weights(tmp_path / "whole").items():
-        assert torch.equal(tensor, weights(tmp_path / "cut")[name]), name
+        assert torch.equal(tensor, cut_weights[name]), name
     assert not (tmp_path / "cut" / "checkpoint.pt").exists()  # resume state only while unfinished
     assert "resumed" in json.loads((tmp_path / "cut" / "config.json").read_text())
 
