@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from conftest import REPO, run_cli, run_main
+import infopro.train
 from infopro.config import TrainConfig
+from infopro.device import ATEN_GRAIN
 from infopro.errors import DataError, InfoProError
 from infopro.grid import train_command
 from infopro.retrain import retrain
@@ -21,6 +23,26 @@ TINY = TrainConfig(regime="infopro", K=2, dataset="synthetic", train_subset=128,
 
 def quiet(line):
     pass
+
+
+def test_a_cpu_training_shares_one_exponential_among_all_threads_before_its_first_step(tmp_path, monkeypatch):
+    """A process's first exponential can come out in other last bits on the second thread's share
+    (docs/training.md, replays): a CPU training runs one over enough elements for every thread first."""
+    events, real_exp, real_step = [], torch.exp, infopro.train.train_step
+
+    def exp(tensor, *args, **kwargs):
+        events.append(("exp", tensor.numel()))
+        return real_exp(tensor, *args, **kwargs)
+
+    def step(*args, **kwargs):
+        events.append(("step", 0))
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "exp", exp)
+    monkeypatch.setattr(infopro.train, "train_step", step)
+    train(TrainConfig(**{**TINY.__dict__, "epochs": 1}), tmp_path / "run", device="cpu", log=quiet)
+    before_the_first_step = events[:events.index(("step", 0))]
+    assert ("exp", torch.get_num_threads() * ATEN_GRAIN) in before_the_first_step
 
 
 @pytest.fixture
