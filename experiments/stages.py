@@ -276,8 +276,8 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
               minutes=3),
         grid_stage("dgl-seed0", DGL_GRID, seeds=(0,)),
         *([grid_stage("table2-unfinished", GRID, only=unfinished)] if unfinished else []),
-        grid_stage("table2", GRID),
         *remainder_stages(REMAINDER_LATER),
+        grid_stage("table2", GRID),
         grid_stage("dgl", DGL_GRID),
         grid_stage("bf16-twins", BF16_GRID),
         Stage("table3-compiled", "step times with each local module compiled (the grids' training mode), ResNet-110, "

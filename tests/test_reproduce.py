@@ -350,7 +350,7 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     (partial / "metrics.csv").write_text("epoch\n1\n")
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
     assert list(plan)[7:] == ["remainder-ceiling", "remainder:e2e-K1", "remainder:greedy-K4", "grid-jobs",
-                              "dgl-seed0", "table2-unfinished", "table2", "remainder:infopro-contrast-K2", "dgl",
+                              "dgl-seed0", "table2-unfinished", "remainder:infopro-contrast-K2", "table2", "dgl",
                               "bf16-twins", "table3-compiled"]
     unfinished = plan["table2-unfinished"].command(5.0)
     assert unfinished[unfinished.index("--only") + 1:] == ["cifar10-jpeg-resnet32-greedy-K2-s1"]
