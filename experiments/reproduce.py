@@ -48,10 +48,12 @@ def main(argv=None):
     p.add_argument("--pack-mib", type=positive, default=15, metavar="MIB", help="largest part (default: 15 MiB)")
     args = p.parse_args(argv)
     if args.plan:
-        for stage in stages(Path(args.results), args.data_root):
-            print(f"{'done' if stage.done() else 'to do':<6} {stage.name:<16} {stage.description}")
+        plan = stages(Path(args.results), args.data_root)
+        width = max(len(stage.name) for stage in plan)
+        for stage in plan:
+            print(f"{'done' if stage.done() else 'to do':<6} {stage.name:<{width}} {stage.description}")
             for line in stage.progress():
-                print(f"{'':<23} {line}")
+                print(f"{'':<{width + 7}} {line}")
         return
     if args.time_budget is None:
         raise InfoProError("give --time-budget MIN (the minutes this GPU is yours), or --plan")
