@@ -1,8 +1,10 @@
 """One GPU lease, one detached job: start the lease's work once, then wait on it and bring its results home.
 
+    python -m experiments.lease aside --carry .data                       # here: fit the tree to a call
     python -m experiments.lease start --minutes 11 --data-root .data &&    # the first call: starts it,
         python -m experiments.lease wait --seconds 540 --pack-to $OUT     # then follows it
     python -m experiments.lease wait --seconds 540 --pack-to $OUT         # each later call, back to back
+    python -m experiments.lease home --parts FOLDER                       # here: the last call's parts
 
 A lent machine takes one command at a time (at most 10 minutes), is given back 30 s after a command
 ends, and only what a command leaves under $OUT comes back. Run in the foreground, the lease's work
@@ -12,6 +14,8 @@ call, with a time budget that ends it, at an epoch boundary, before the lease do
 prints the job's new log lines while it runs, and at its end packs every results file the lease
 has written so far (`experiments.stages.pack`: checkpoints included, never a half-written file)
 into $OUT. The next call must come within the machine's idle time, or the job is lost with it.
+`aside` and `home` run here, around the lease (experiments.travel): the weights the lease reads
+last stay here while it runs, so that the tree and the data fit what a call carries.
 """
 
 import json
@@ -23,12 +27,14 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from experiments.stages import pack, results_since
+from experiments.stages import pack, results_since, stages
+from experiments.travel import bring_home, leave_home
 from infopro.cli import ArgumentParser, positive, run
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, check_writable, write_json
 
 STATE = REPO_ROOT / ".lease"      # the job's pid, start, log and exit status (git ignores it)
+ASIDE = STATE / "aside"           # the weights a lease leaves home (`aside`), until `home`
 RETURNED_PARTS = 8                # a command brings back at most 8 files of 16 MiB
 PROGRESS_SECONDS = 60
 STARTUP_SECONDS = 10  # `start` waits this long for a job that fails at once
@@ -121,7 +127,15 @@ def parse_args(argv=None):
     wait.add_argument("--seconds", type=positive, default=540, help="return after this long (default: 540)")
     wait.add_argument("--pack-to", metavar="DIR", help="pack every results file the lease wrote into DIR")
     wait.add_argument("--pack-mib", type=positive, default=15, metavar="MIB", help="largest part (default: 15 MiB)")
-    for command in (start, wait):
+    aside = commands.add_parser("aside", help="here, before a lease: leave home the weights it reads last, "
+                                              "until the tree and --carry fit what a call carries")
+    aside.add_argument("--carry", nargs="+", default=[], metavar="PATH", help="the paths the calls carry (.data)")
+    aside.add_argument("--limit-mib", type=positive, default=63, metavar="MIB",
+                       help="fit within this (default: 63, a MiB short of the 64 a call carries)")
+    home = commands.add_parser("home", help="here, after a lease: unpack its last call's parts, put the weights "
+                                            "back, remove the checkpoints of runs that finished")
+    home.add_argument("--parts", metavar="FOLDER", help="the folder the last call's results-*.tar came back to")
+    for command in (start, wait, aside, home):
         command.add_argument("--results", default="results", help="the results folder (default: results)")
     return p.parse_args(argv)
 
@@ -129,6 +143,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     results = Path(args.results).resolve()
+    if args.action == "aside":
+        leave_home(REPO_ROOT, results / "runs", stages(results, None), args.carry, ASIDE, int(args.limit_mib * 2**20))
+        return
+    if args.action == "home":
+        bring_home(REPO_ROOT, results / "runs", ASIDE, Path(args.parts) if args.parts else None)
+        return
     if args.action == "start":
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d-%H%M")
         job = start_job(reproduce_command(args.minutes, args.data_root, results), STATE,

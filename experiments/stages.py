@@ -61,7 +61,8 @@ REMAINDER_MINUTES = 6
 class Stage:
     """One piece of GPU work: `done()` says whether its results exist; `command(minutes_left)`
     is the command line that makes them; it is started only with at least `minutes` left.
-    `progress()` says how far a stage done over several calls has come (no lines: nothing to say)."""
+    `progress()` says how far a stage done over several calls has come (no lines: nothing to say);
+    `reads()` names the committed weights it starts from, which a call must carry to the GPU."""
 
     name: str
     description: str
@@ -69,6 +70,7 @@ class Stage:
     command: Callable[[float], list[str]]
     minutes: float
     progress: Callable[[], list[str]] = lambda: []
+    reads: Callable[[], list[Path]] = lambda: []
 
 
 def gpu_files(folder: Path, pattern: str) -> list[Path]:
@@ -199,7 +201,9 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                                             "--out", str(runs)]
                      + (["--seeds", *map(str, seeds)] if seeds else []) + (["--only", *only] if only else []),
                      minutes=2,
-                     progress=lambda: status_summary([run_status(config, runs) for config in configs]))
+                     progress=lambda: status_summary([run_status(config, runs) for config in configs]),
+                     reads=lambda: [path for path in (runs / config.run_id() / "checkpoint.pt" for config in configs)
+                                    if path.is_file() and not (path.parent / "summary.json").is_file()])
 
     unfinished = [config.run_id() for config in get_grid(GRID).configs(dataset=GRID_DATASET)
                   if run_state(config, runs).startswith("partial")]
@@ -215,7 +219,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                       lambda run_id=run_id: remainder_estimated(mi, run_id),
                       lambda left, run_id=run_id: remainder + ["layers", "--only", run_id, "--runs", str(runs),
                                                                "--ceilings", str(ceilings), "--out", str(mi), *root],
-                      minutes=REMAINDER_MINUTES)
+                      minutes=REMAINDER_MINUTES, reads=lambda run_id=run_id: [runs / run_id / "model.pt"])
                 for network, run_id in zip(networks, ids) if (runs / run_id / "model.pt").is_file()]
 
     return [

@@ -348,6 +348,7 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     partial = runs / "cifar10-jpeg-resnet32-greedy-K2-s1"
     partial.mkdir()
     (partial / "metrics.csv").write_text("epoch\n1\n")
+    (partial / "checkpoint.pt").touch()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
     assert list(plan)[7:] == ["remainder-ceiling", "remainder:e2e-K1", "remainder:greedy-K4", "grid-jobs",
                               "dgl-seed0", "table2-unfinished", "remainder:infopro-contrast-K2", "table2", "dgl",
@@ -356,6 +357,10 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     assert unfinished[unfinished.index("--only") + 1:] == ["cifar10-jpeg-resnet32-greedy-K2-s1"]
     layers = plan["remainder:greedy-K4"].command(5.0)
     assert layers[layers.index("--only") + 1] == "cifar10-jpeg-resnet32-greedy-K4-s0"
+    # What a lease's call must carry for each (experiments.travel): the weights and checkpoints they start from.
+    assert plan["remainder:greedy-K4"].reads() == [runs / "cifar10-jpeg-resnet32-greedy-K4-s0" / "model.pt"]
+    assert plan["table2-unfinished"].reads() == plan["table2"].reads() == [partial / "checkpoint.pt"]
+    assert plan["dgl-seed0"].reads() == plan["remainder-ceiling"].reads() == []
     analysis = tmp_path / "analysis"
     analysis.mkdir()
     rows = pd.DataFrame({"run_id": "cifar10-jpeg-resnet32-greedy-K4-s0", "layer": range(1, 17), "estimator": "1c2f"})
