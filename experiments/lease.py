@@ -15,7 +15,9 @@ prints the job's new log lines while it runs, and at its end packs every results
 has written so far (`experiments.stages.pack`: checkpoints included, never a half-written file)
 into $OUT. The next call must come within the machine's idle time, or the job is lost with it.
 `aside` and `home` run here, around the lease (experiments.travel): the weights the lease reads
-last stay here while it runs, so that the tree and the data fit what a call carries.
+last stay here while it runs, so that the tree and the data fit what a call carries. A lent machine
+may receive a stale `.git` with the tree, so prefix `start` with `INFOPRO_GIT_COMMIT=<sha>
+INFOPRO_GIT_DIRTY=0` (`git rev-parse HEAD` here): the results then name the code that was sent.
 """
 
 import json
