@@ -26,6 +26,7 @@ momentum, a linear warm-up into a cosine schedule, augmentation on the device.
 """
 
 import math
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -195,14 +196,18 @@ def estimate(backbone: CifarResNet, train: Split, test: Split, points, settings=
              log=print) -> list[dict]:
     """One row per layer point (0: the image, the ceiling): the remainder's I(h,y) and the decoder's
     I(h,x), in the paper's units and in nats. The network is frozen in eval mode and checked to be
-    unchanged afterwards."""
+    unchanged afterwards. Each row also says how many points shared the pass and how long it took
+    (`pass_points`, `pass_seconds`): what a network costs on the device, which plans the next ones."""
     points = check_points(backbone, points)
+    began = time.perf_counter()
     with frozen(backbone):
         estimators = train_estimators(backbone, train, points, settings, log)
-        scores = test_scores(backbone, estimators, test, settings.precision)
+        scores = test_scores(backbone, estimators, test, settings.precision)  # its .tolist() waits for the device
+    cost = {"pass_points": len(points), "pass_seconds": time.perf_counter() - began}
     hy = -label_prior(train.labels, 10).log()[test.labels].mean().item()
     baseline, floor = null_input_baseline(train.images, test.images), image_entropy_floor(test.images)
-    return [in_paper_units(point, scores[point], hy, baseline, floor, test.images[0].numel()) for point in points]
+    return [in_paper_units(point, scores[point], hy, baseline, floor, test.images[0].numel()) | cost
+            for point in points]
 
 
 def ceiling_within(ceiling_accuracy: float, network_accuracy: float, points: float = 2.0) -> bool:

@@ -18,6 +18,7 @@ from conftest import REPO, run_main
 from infopro.figures import TARGETS, build
 from infopro.bench import allocator_calls
 from infopro.records import read_json
+from infopro.remainder import RemainderSettings, in_paper_units
 from infopro.runs import find_runs
 from infopro.trace import Span, gpu_idle
 
@@ -35,10 +36,14 @@ def results_copy(tmp_path_factory):
 
 
 def test_every_column_the_gpu_only_csvs_will_hold_is_documented():
-    """The idle CSV and the allocator counts are written on a GPU only, so the test that reads every
-    committed column cannot see them before a lease commits them: check their names here."""
+    """The idle CSV, the allocator counts and the remainder estimator's rows are written on a GPU only,
+    so the test that reads every committed column cannot see them before a lease commits them: check
+    their names here."""
     idle = gpu_idle([Span("a", 0, 10, 1), Span("b", 15, 20, 2)], [Span("cudaLaunchKernel", 12, 13, 2)], steps=1)
     names = set(idle) | {"error"} | {f"{key}_in_timed_steps" for key in allocator_calls(torch.device("cpu"))}
+    scores = {"accuracy": 0.5, "cross_entropy": 1.0, "bce": 0.6}
+    names |= set(in_paper_units(1, scores, 2.3, 0.7, 0.5, 3072)) | set(RemainderSettings().as_columns())
+    names |= {"pass_points", "pass_seconds", "network_accuracy", "within_2_points"}
     documented = (RESULTS / "README.md").read_text()
     assert sorted(name for name in names if f"`{name}`" not in documented) == []
 

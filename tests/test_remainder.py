@@ -130,6 +130,8 @@ def test_a_point_does_not_depend_on_the_points_trained_beside_it(data):
     settings = RemainderSettings(epochs=1, batch_size=100, lr=0.1, warmup_epochs=0, precision="fp32")
     alone = by_layer(estimate(net, train, test, [3], settings, log=lambda line: None))[3]
     together = by_layer(estimate(net, train, test, [0, 1, 3], settings, log=lambda line: None))[3]
+    assert (alone.pop("pass_points"), together.pop("pass_points")) == (1, 3)  # and what the pass cost
+    assert alone.pop("pass_seconds") > 0 and together.pop("pass_seconds") > 0
     assert together == pytest.approx(alone, rel=1e-5)
 
 
@@ -199,6 +201,7 @@ def test_the_command_measures_the_ceiling_then_every_layer_and_fig10_draws_them(
     mi = pd.read_csv(results / "analysis" / "mutual_information.csv")
     assert list(mi["layer"]) == [1, 8, 16] and set(mi["estimator"]) == {"remainder"}
     assert mi["ixy_paper"].between(0, 1).all() and (mi["ixx_paper"] == 1 - mi["ixx_bce"]).all()
+    assert mi["pass_points"].eq(3).all() and mi["pass_seconds"].nunique() == 1 and ceilings["pass_points"].eq(1).all()
 
     made = run_main("analysis.mutual_info", "--runs", str(results / "runs"), "--layers", "1,8,16", "--epochs", "1",
                     "--out", str(results / "analysis" / "mutual_information.csv"), "--device", "cpu")
