@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from infopro.analysis import chosen_epochs
+from infopro.bench import name_slug
 from infopro.bench_methods import default_methods
 from infopro.cli import call
 from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, fastest_mode, method_key
@@ -52,9 +54,17 @@ REMAINDER_CANDIDATES = (30, 45, 60)
 REMAINDER_FIRST = ("e2e-K1", "greedy-K2", "greedy-K4", "greedy-K8", "greedy-K16")
 REMAINDER_LATER = tuple(f"{method}-K{K}" for method in ("infopro-contrast", "infopro-softmax", "dgl")
                         for K in (2, 4, 8, 16))
-# Not yet measured on a GPU: sixteen remainders are about eight ResNet-32s of work per batch, and a
-# ResNet-32 epoch takes about 1 s on an H100, so 30 epochs of them about 4 min, plus the decoders.
+# What a remainder:<network> stage needs before any pass was timed on the GPU at hand: sixteen remainders
+# are about eight ResNet-32s of work per batch, and a ResNet-32 epoch takes about 1 s on an H100, so 30
+# epochs of them about 4 min, plus the decoders. Once timed, the stage is sized by `remainder_minutes`.
 REMAINDER_MINUTES = 6
+REMAINDER_POINTS = 16  # a ResNet-32's layer points, trained in one pass per network
+# A ResNet-32's sixteen-point pass per epoch against the ceiling's one point (the image): 44.0 s against
+# 5.5 s for an epoch of 1,024 images at batch 128, fp32, on 2 CPU cores. Not yet measured on a GPU, where
+# the small late remainders may cost relatively more; the first network timed there replaces it.
+PASS_WORK = 8
+# Measured minutes are planned with a quarter more, and a minute to start the process and load the data.
+REMAINDER_MARGIN, REMAINDER_START_MINUTES = 1.25, 1.0
 
 
 @dataclass(frozen=True)
@@ -62,15 +72,20 @@ class Stage:
     """One piece of GPU work: `done()` says whether its results exist; `command(minutes_left)`
     is the command line that makes them; it is started only with at least `minutes` left.
     `progress()` says how far a stage done over several calls has come (no lines: nothing to say);
-    `reads()` names the committed weights it starts from, which a call must carry to the GPU."""
+    `reads()` names the committed weights it starts from, which a call must carry to the GPU.
+    `minutes` may be a function, asked when the stage comes up: an earlier stage of the same call
+    may have measured what it needs."""
 
     name: str
     description: str
     done: Callable[[], bool]
     command: Callable[[float], list[str]]
-    minutes: float
+    minutes: float | Callable[[], float]
     progress: Callable[[], list[str]] = lambda: []
     reads: Callable[[], list[Path]] = lambda: []
+
+    def minutes_needed(self) -> float:
+        return self.minutes() if callable(self.minutes) else self.minutes
 
 
 def gpu_files(folder: Path, pattern: str) -> list[Path]:
@@ -168,7 +183,40 @@ def ceiling_measured(ceilings: Path) -> bool:
     return (mine["within_2_points"].astype(str) == "True").any() or set(REMAINDER_CANDIDATES) <= set(mine["rem_epochs"])
 
 
-def remainder_estimated(mi: Path, run_id: str, points: int = 16) -> bool:
+def slowest_pass(table: Path, gpu: str, points: int) -> float | None:
+    """The most seconds per epoch that a remainder pass of `points` layer points took on `gpu` (a device
+    slug), from the `pass_seconds` of the rows in `table` (None: no such pass there)."""
+    if not table.is_file():
+        return None
+    rows = read_table(table, "restore it from git", ("run_id",))
+    if "pass_seconds" not in rows:
+        return None
+    mine = rows[(rows["pass_points"] == points) & (rows["analysis_device"].map(name_slug) == gpu)]
+    return float((mine["pass_seconds"] / mine["rem_epochs"]).max()) if not mine.empty else None
+
+
+def remainder_minutes(mi: Path, ceilings: Path, gpu: str | None) -> float:
+    """What a remainder:<network> stage needs on `gpu`, at the budget the ceiling chose: the slowest
+    network timed there, else the ceiling's pass there times PASS_WORK, with REMAINDER_MARGIN; else
+    (nothing timed on it, or no budget chosen yet) REMAINDER_MINUTES.
+
+    Why measured: a stage is started only with the minutes it needs left, and one that overruns the
+    lease loses its whole network; the guess alone would start some too late and keep others out."""
+    if gpu is None or not ceiling_measured(ceilings):
+        return REMAINDER_MINUTES
+    try:
+        epochs = chosen_epochs(ceilings)
+    except InfoProError:  # every candidate fell short: the stage's command says so at once
+        return REMAINDER_MINUTES
+    per_epoch = slowest_pass(mi, gpu, REMAINDER_POINTS)
+    if per_epoch is None and (ceiling := slowest_pass(ceilings, gpu, 1)) is not None:
+        per_epoch = PASS_WORK * ceiling
+    if per_epoch is None:
+        return REMAINDER_MINUTES
+    return REMAINDER_MARGIN * per_epoch * epochs / 60 + REMAINDER_START_MINUTES
+
+
+def remainder_estimated(mi: Path, run_id: str, points: int = REMAINDER_POINTS) -> bool:
     """Whether mutual_information.csv holds the remainder estimator's row of every layer point of `run_id`."""
     if not mi.is_file():
         return False
@@ -219,7 +267,8 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                       lambda run_id=run_id: remainder_estimated(mi, run_id),
                       lambda left, run_id=run_id: remainder + ["layers", "--only", run_id, "--runs", str(runs),
                                                                "--ceilings", str(ceilings), "--out", str(mi), *root],
-                      minutes=REMAINDER_MINUTES, reads=lambda run_id=run_id: [runs / run_id / "model.pt"])
+                      minutes=lambda: remainder_minutes(mi, ceilings, gpu),
+                      reads=lambda run_id=run_id: [runs / run_id / "model.pt"])
                 for network, run_id in zip(networks, ids) if (runs / run_id / "model.pt").is_file()]
 
     return [
@@ -318,8 +367,8 @@ def run_stages(plan: list[Stage], minutes: float, log=print, after=lambda: None)
         left = (deadline - time.monotonic()) / 60
         if stage.done():
             log(f"[{stage.name}] done already")
-        elif left < stage.minutes:
-            log(f"[{stage.name}] skipped: {left:.1f} min left, it needs about {stage.minutes:g}")
+        elif left < (needed := stage.minutes_needed()):
+            log(f"[{stage.name}] skipped: {left:.1f} min left, it needs about {needed:.3g}")
         else:
             log(f"[{stage.name}] {stage.description} ({left:.1f} min left)")
             began = time.monotonic()

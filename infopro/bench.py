@@ -315,6 +315,11 @@ def write_measurement(path: Path, rows: list[dict], context: dict) -> None:
 
 
 def device_slug(device: torch.device) -> str:
-    return "cpu" if device.type == "cpu" else re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
+    return "cpu" if device.type == "cpu" else name_slug(device_name(device))
+
+
+def name_slug(name: str) -> str:
+    """A GPU's name as file names carry it ("NVIDIA H100 80GB HBM3": nvidia-h100-80gb-hbm3)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 

@@ -38,6 +38,41 @@ def test_stages_run_in_order_skip_done_and_too_long_ones_and_survive_a_failure(t
     assert "done already" in lines[0] and "failed" in lines[2] and "skipped" in lines[3] and "finished" in lines[5]
 
 
+def test_a_stage_is_sized_when_it_comes_up_from_what_earlier_stages_measured(tmp_path):
+    measured = tmp_path / "measured"
+    plan = [python_stage("measure", f"open({str(measured)!r}, 'w').write('ok')"),
+            Stage("sized", "sized", lambda: False, lambda left: [sys.executable, "-c", "raise SystemExit(1)"],
+                  minutes=lambda: 60 if measured.exists() else 0)]
+    lines = []
+    assert run_stages(plan, minutes=5, log=lines.append) == []
+    assert "skipped" in lines[-1] and "it needs about 60" in lines[-1]
+
+
+def test_a_remainder_stage_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_path):
+    """The guess until a pass was timed on that GPU; then the ceiling's pass times PASS_WORK; then the
+    slowest network's pass: each scaled to the budget the ceiling chose, with the margin."""
+    from experiments.stages import (PASS_WORK, REMAINDER_MARGIN, REMAINDER_MINUTES, REMAINDER_REFERENCE,
+                                    remainder_minutes)
+
+    mi, ceilings = tmp_path / "mutual_information.csv", tmp_path / "remainder_ceiling.csv"
+    h100 = "nvidia-h100-80gb-hbm3"
+    assert remainder_minutes(mi, ceilings, h100) == REMAINDER_MINUTES
+    ceiling = dict(run_id=REMAINDER_REFERENCE, rem_epochs=30, within_2_points=True, pass_points=1, pass_seconds=60.0,
+                   analysis_device="NVIDIA H100 80GB HBM3", rem_batch_size=512, rem_lr=0.4, rem_warmup_epochs=2,
+                   rem_momentum=0.9, rem_weight_decay=5e-4, rem_precision="bf16", rem_seed=0, ixy_paper=0.88,
+                   network_accuracy=0.89)
+    pd.DataFrame([ceiling]).to_csv(ceilings, index=False)
+    assert remainder_minutes(mi, ceilings, None) == remainder_minutes(mi, ceilings, "nvidia-a100") == REMAINDER_MINUTES
+    assert remainder_minutes(mi, ceilings, h100) == pytest.approx(REMAINDER_MARGIN * PASS_WORK * 2.0 * 30 / 60 + 1)
+    passes = pd.DataFrame([dict(run_id="greedy", estimator="remainder", rem_epochs=10, pass_points=16,
+                                pass_seconds=200.0, analysis_device="NVIDIA H100 80GB HBM3"),
+                           dict(run_id="e2e", estimator="remainder", rem_epochs=30, pass_points=16,
+                                pass_seconds=9000.0, analysis_device="Intel Xeon"),
+                           dict(run_id="e2e", estimator="1c2f", analysis_device="NVIDIA H100 80GB HBM3")])
+    passes.to_csv(mi, index=False)
+    assert remainder_minutes(mi, ceilings, h100) == pytest.approx(REMAINDER_MARGIN * 20.0 * 30 / 60 + 1)
+
+
 def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_time(tmp_path):
     bench = tmp_path / "bench"
     bench.mkdir()
