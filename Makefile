@@ -9,7 +9,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: help setup test check test-slow status fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel bench-epochs reproduce fixture cpu-weights
+.PHONY: help setup test check test-slow status readme fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel bench-epochs reproduce fixture cpu-weights
 
 .DEFAULT_GOAL := help
 # `make` alone lists the targets: the text after `## ` on each rule's line.
@@ -52,6 +52,9 @@ figures:  ## every figure, from results/
 
 tables:  ## every table, from results/
 	$(BUILD) $(TABLES)
+
+readme: claims table2  ## the README's claims and Table 2, pasted from results/tables/
+	$(PYTHON) -m analysis.readme --results $(RESULTS)
 
 # Analyses of every finished run in results/runs (skips runs already in the CSV).
 probes:  ## linear probes of every finished run not yet probed
