@@ -29,11 +29,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from experiments.stages import pack, results_since, stages
+from experiments.stages import check_code_is_named, pack, results_since, stages
 from experiments.travel import bring_home, leave_home
 from infopro.cli import ArgumentParser, positive, run
 from infopro.errors import InfoProError
-from infopro.records import REPO_ROOT, check_writable, write_json
+from infopro.records import REPO_ROOT, check_writable, git_state, write_json
 
 STATE = REPO_ROOT / ".lease"      # the job's pid, start, log and exit status (git ignores it)
 ASIDE = STATE / "aside"           # the weights a lease leaves home (`aside`), until `home`
@@ -118,6 +118,14 @@ def reproduce_command(minutes: float, data_root: str | None, results: Path) -> l
             "--results", str(results)] + (["--data-root", str(Path(data_root).resolve())] if data_root else [])
 
 
+def first_call(commit: str, carry: list[str]) -> str:
+    """The first call's command line: the commit announced (the machine's `.git` may be stale), the data
+    read from the first carried path."""
+    data = f" --data-root {carry[0]}" if carry else ""
+    return (f"INFOPRO_GIT_COMMIT={commit} INFOPRO_GIT_DIRTY=0 PYTHONPATH=. python -m experiments.lease start "
+            f"--minutes M{data} && PYTHONPATH=. python -m experiments.lease wait --pack-to $OUT")
+
+
 def parse_args(argv=None):
     p = ArgumentParser(prog="python -m experiments.lease", description=__doc__.split("\n\n")[0])
     commands = p.add_subparsers(dest="action", required=True)
@@ -146,7 +154,11 @@ def main(argv=None):
     args = parse_args(argv)
     results = Path(args.results).resolve()
     if args.action == "aside":
+        state = git_state()
+        check_code_is_named(state)  # else the job would refuse on the machine, its start already paid
         leave_home(REPO_ROOT, results / "runs", stages(results, None), args.carry, ASIDE, int(args.limit_mib * 2**20))
+        print(f"the first call (M: its device minutes less about 4), carrying {' '.join(args.carry) or 'nothing'}:\n"
+              f"  {first_call(state['git_commit'], args.carry)}")
         return
     if args.action == "home":
         bring_home(REPO_ROOT, results / "runs", ASIDE, Path(args.parts) if args.parts else None)

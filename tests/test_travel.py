@@ -116,6 +116,24 @@ def test_home_keeps_the_lease_copy_of_a_file_that_was_also_set_aside(tmp_path):
     (["aside", "--carry", "no-such-folder"], "--carry no-such-folder: no such file or folder"),
     (["home", "--parts", "no-such-folder"], "no-such-folder: no results-*.tar parts here"),
 ])
-def test_the_cli_refuses_bad_input_in_one_line(args, message):
+def test_the_cli_refuses_bad_input_in_one_line(args, message, monkeypatch):
+    monkeypatch.setattr("infopro.records.git_state", lambda: {"git_commit": "a" * 40, "git_dirty": False})
     result = run_main("experiments.lease", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_aside_refuses_uncommitted_code_before_moving_anything(monkeypatch):
+    """The job would refuse on the machine, after its start was paid for: say so here."""
+    from experiments.lease import ASIDE
+
+    monkeypatch.setattr("infopro.records.git_state", lambda: {"git_commit": "a" * 40, "git_dirty": True})
+    result = run_main("experiments.lease", "aside", "--carry", "no-such-folder")
+    assert result.returncode == 2 and "commit it first" in result.stderr and not ASIDE.exists()
+
+
+def test_the_first_call_announces_the_commit_and_reads_the_carried_data():
+    from experiments.lease import first_call
+
+    line = first_call("c0ffee", [".data"])
+    assert line.startswith("INFOPRO_GIT_COMMIT=c0ffee INFOPRO_GIT_DIRTY=0 ")
+    assert "lease start --minutes M --data-root .data && " in line and line.endswith("wait --pack-to $OUT")
