@@ -76,8 +76,8 @@ def to_leave_home(weights: list[Path], order: dict[Path, int], excess: int) -> l
         chosen.append(path)
         freed += path.stat().st_size
     if freed < excess:
-        raise InfoProError(f"the call would carry {excess / MIB:.1f} MiB too much even with every weight left home: "
-                           "carry less")
+        raise InfoProError(f"the call is {excess / MIB:.1f} MiB over its limit, and leaving every weight home frees "
+                           f"only {freed / MIB:.1f}: carry less")
     return chosen
 
 

@@ -76,7 +76,7 @@ def test_aside_moves_nothing_when_the_call_fits_or_cannot_fit(tmp_path):
     root = checkout(tmp_path / "repo", WEIGHTS)
     runs, aside = root / "results" / "runs", root / ".lease" / "aside"
     assert leave_home(root, runs, plan_of(root), [], aside, 200 * KIB, log=lambda line: None) == []
-    with pytest.raises(InfoProError, match="too much even with every weight left home"):
+    with pytest.raises(InfoProError, match="over its limit, and leaving every weight home frees only 0.1: carry less"):
         leave_home(root, runs, plan_of(root), [], aside, 50 * KIB)
     assert not aside.exists() and subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
                                                  text=True).stdout == ""
