@@ -150,28 +150,33 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    results = Path(args.results).resolve()
-    if args.action == "aside":
-        state = git_state()
-        check_code_is_named(state)  # else the job would refuse on the machine, its start already paid
-        leave_home(REPO_ROOT, results / "runs", stages(results, None), args.carry, ASIDE, int(args.limit_mib * 2**20))
-        print(f"the first call (M: its device minutes less about 4), carrying {' '.join(args.carry) or 'nothing'}:\n"
-              f"  {first_call(state['git_commit'], args.carry)}")
-        return
-    if args.action == "home":
-        bring_home(REPO_ROOT, results / "runs", ASIDE, Path(args.parts) if args.parts else None)
-        return
-    if args.action == "start":
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d-%H%M")
-        job = start_job(reproduce_command(args.minutes, args.data_root, results), STATE,
-                        results / "bench" / "logs" / f"lease-{stamp}.log")
-        print(f"started the lease's job (pid {job['pid']}, {args.minutes:g} min); its log: {job['log']}")
-        status = follow(STATE, STARTUP_SECONDS, poll=1)  # a job refused at once (no GPU, uncommitted code)
-        if status:
-            raise InfoProError(f"the lease's job ended at once with exit status {status} (its log is above)")
-        return
+def before_lease(args, results: Path) -> None:
+    """`aside`: refuse uncommitted code, fit the tree to a call, print the first call."""
+    state = git_state()
+    check_code_is_named(state)  # else the job would refuse on the machine, its start already paid
+    leave_home(REPO_ROOT, results / "runs", stages(results, None), args.carry, ASIDE, int(args.limit_mib * 2**20))
+    print(f"the first call (M: its device minutes less about 4), carrying {' '.join(args.carry) or 'nothing'}:\n"
+          f"  {first_call(state['git_commit'], args.carry)}")
+
+
+def after_lease(args, results: Path) -> None:
+    """`home`: unpack the last call's parts and put the weights back."""
+    bring_home(REPO_ROOT, results / "runs", ASIDE, Path(args.parts) if args.parts else None)
+
+
+def start_lease(args, results: Path) -> None:
+    """`start`: the lease's job, detached; fails at once if the job does."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d-%H%M")
+    job = start_job(reproduce_command(args.minutes, args.data_root, results), STATE,
+                    results / "bench" / "logs" / f"lease-{stamp}.log")
+    print(f"started the lease's job (pid {job['pid']}, {args.minutes:g} min); its log: {job['log']}")
+    status = follow(STATE, STARTUP_SECONDS, poll=1)  # a job refused at once (no GPU, uncommitted code)
+    if status:
+        raise InfoProError(f"the lease's job ended at once with exit status {status} (its log is above)")
+
+
+def wait_on_lease(args, results: Path) -> None:
+    """`wait`: follow the job, pack what it wrote, say whether it runs on."""
     if args.pack_to:
         check_writable(args.pack_to)
     status = follow(STATE, args.seconds)
@@ -183,6 +188,12 @@ def main(argv=None):
         raise InfoProError(f"the lease's job ended with exit status {status} (its log is above)")
     else:
         print("the lease's job has ended")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    actions = {"aside": before_lease, "home": after_lease, "start": start_lease, "wait": wait_on_lease}
+    actions[args.action](args, Path(args.results).resolve())
 
 
 if __name__ == "__main__":
