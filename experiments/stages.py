@@ -202,11 +202,11 @@ def remainder_minutes(mi: Path, ceilings: Path, gpu: str | None) -> float:
 
     Why measured: a stage is started only with the minutes it needs left, and one that overruns the
     lease loses its whole network; the guess alone would start some too late and keep others out."""
-    if gpu is None or not ceiling_measured(ceilings):
+    if gpu is None:
         return REMAINDER_MINUTES
     try:
         epochs = chosen_epochs(ceilings)
-    except InfoProError:  # every candidate fell short: the stage's command says so at once
+    except InfoProError:  # no ceiling yet, or every candidate fell short: the stage's command says so at once
         return REMAINDER_MINUTES
     per_epoch = slowest_pass(mi, gpu, REMAINDER_POINTS)
     if per_epoch is None and (ceiling := slowest_pass(ceilings, gpu, 1)) is not None:
