@@ -58,11 +58,7 @@ REMAINDER_LATER = tuple(f"{method}-K{K}" for method in ("infopro-contrast", "inf
 # are about eight ResNet-32s of work per batch, and a ResNet-32 epoch takes about 1 s on an H100, so 30
 # epochs of them about 4 min, plus the decoders. Once timed, the stage is sized by `remainder_minutes`.
 REMAINDER_MINUTES = 6
-REMAINDER_POINTS = 16  # a ResNet-32's layer points, trained in one pass per network
-# A ResNet-32's sixteen-point pass per epoch against the ceiling's one point (the image): 44.0 s against
-# 5.5 s for an epoch of 1,024 images at batch 128, fp32, on 2 CPU cores. Not yet measured on a GPU, where
-# the small late remainders may cost relatively more; the first network timed there replaces it.
-PASS_WORK = 8
+REMAINDER_POINTS = 16  # a ResNet-32's layer points
 # Measured minutes are planned with a quarter more, and a minute to start the process and load the data.
 REMAINDER_MARGIN, REMAINDER_START_MINUTES = 1.25, 1.0
 
@@ -183,46 +179,71 @@ def ceiling_measured(ceilings: Path) -> bool:
     return (mine["within_2_points"].astype(str) == "True").any() or set(REMAINDER_CANDIDATES) <= set(mine["rem_epochs"])
 
 
-def slowest_pass(table: Path, gpu: str, points: int) -> float | None:
-    """The most seconds per epoch that a remainder pass of `points` layer points took on `gpu` (a device
-    slug), from the `pass_seconds` of the rows in `table` (None: no such pass there)."""
+def point_work(layer: int) -> int:
+    """A layer point's share of a remainder pass: its remainder trains the blocks after it and the head, and
+    InfoPro's decoder beside them, so its work is taken as the layer points after it plus one: 17 for the
+    image (the ceiling, point 0), 1 at layer 16. The sixteen points then sum to 136, eight ceilings, as 2
+    CPU cores measured (44.0 s against 5.5 s an epoch, docs/analysis.md)."""
+    return REMAINDER_POINTS + 1 - layer
+
+
+def seconds_per_work(table: Path, gpu: str) -> float | None:
+    """The most seconds per epoch and unit of `point_work` that a remainder pass took on `gpu` (a device
+    slug), from the rows in `table` (a pass: the rows of one run sharing its `pass_seconds`); None: no
+    pass timed there."""
     if not table.is_file():
         return None
-    rows = read_table(table, "restore it from git", ("run_id",))
+    rows = read_table(table, "restore it from git", ("run_id", "layer"))
     if "pass_seconds" not in rows:
         return None
-    mine = rows[(rows["pass_points"] == points) & (rows["analysis_device"].map(name_slug) == gpu)]
-    return float((mine["pass_seconds"] / mine["rem_epochs"]).max()) if not mine.empty else None
+    mine = rows[rows["pass_seconds"].notna() & (rows["analysis_device"].map(name_slug) == gpu)
+                & (rows["estimator"] == "remainder")]
+    passes = mine.groupby(["run_id", "pass_seconds", "rem_epochs"])["layer"]
+    rates = [seconds / epochs / sum(map(point_work, layers)) for (_, seconds, epochs), layers in passes]
+    return max(rates) if rates else None
 
 
-def remainder_minutes(mi: Path, ceilings: Path, gpu: str | None) -> float:
-    """What a remainder:<network> stage needs on `gpu`, at the budget the ceiling chose: the slowest
-    network timed there, else the ceiling's pass there times PASS_WORK, with REMAINDER_MARGIN; else
-    (nothing timed on it, or no budget chosen yet) REMAINDER_MINUTES.
+def remainder_minutes(mi: Path, ceilings: Path, gpu: str | None, points: list[int]) -> float:
+    """What a remainder pass over the layer `points` needs on `gpu`, at the budget the ceiling chose: their
+    `point_work` at the slowest rate timed there, the networks' passes first, else the ceiling's, with
+    REMAINDER_MARGIN; else (nothing timed on it, or no budget chosen yet) REMAINDER_MINUTES.
 
-    Why measured: a stage is started only with the minutes it needs left, and one that overruns the
-    lease loses its whole network; the guess alone would start some too late and keep others out."""
+    Why measured: a stage is started only with the minutes it needs left, and a pass that overruns the
+    lease loses its points; the guess alone would start some too late and keep others out."""
     if gpu is None:
         return REMAINDER_MINUTES
     try:
         epochs = chosen_epochs(ceilings)
     except InfoProError:  # no ceiling yet, or every candidate fell short: the stage's command says so at once
         return REMAINDER_MINUTES
-    per_epoch = slowest_pass(mi, gpu, REMAINDER_POINTS)
-    if per_epoch is None and (ceiling := slowest_pass(ceilings, gpu, 1)) is not None:
-        per_epoch = PASS_WORK * ceiling
-    if per_epoch is None:
+    rate = seconds_per_work(mi, gpu) or seconds_per_work(ceilings, gpu)
+    if rate is None:
         return REMAINDER_MINUTES
-    return REMAINDER_MARGIN * per_epoch * epochs / 60 + REMAINDER_START_MINUTES
+    return REMAINDER_MARGIN * rate * epochs * sum(map(point_work, points)) / 60 + REMAINDER_START_MINUTES
 
 
-def remainder_estimated(mi: Path, run_id: str, points: int = REMAINDER_POINTS) -> bool:
-    """Whether mutual_information.csv holds the remainder estimator's row of every layer point of `run_id`."""
-    if not mi.is_file():
-        return False
-    table = read_table(mi, "restore it from git", ("run_id", "layer", "estimator"))
-    rows = table[(table["run_id"] == run_id) & (table["estimator"] == "remainder")]
-    return rows["layer"].nunique() >= points
+def missing_points(mi: Path, run_id: str) -> list[int]:
+    """The layer points of `run_id` without a remainder row in mutual_information.csv, in order."""
+    table = read_table(mi, "restore it from git", ("run_id", "layer", "estimator")) if mi.is_file() else None
+    done = set() if table is None else set(table.loc[(table["run_id"] == run_id)
+                                                     & (table["estimator"] == "remainder"), "layer"])
+    return [layer for layer in range(1, REMAINDER_POINTS + 1) if layer not in done]
+
+
+def points_progress(missing: list[int]) -> list[str]:
+    """A line for a network whose remainder points are partly estimated (none otherwise)."""
+    done = REMAINDER_POINTS - len(missing)
+    return [f"{done} of {REMAINDER_POINTS} layer points estimated"] if 0 < done < REMAINDER_POINTS else []
+
+
+def points_that_fit(points: list[int], minutes: Callable[[list[int]], float], left: float) -> list[int]:
+    """The longest start of `points` whose pass needs no more than `left` minutes (at least the first).
+
+    Why: a network's sixteen points take about eight ResNet-32 trainings, more than a lease has after
+    its other stages (7.7 min at 30 epochs on an H200); the earliest, dearest points go first, and a
+    later call continues with the rest, resumed point by point from the rows already written."""
+    fitting = [points[:n] for n in range(1, len(points) + 1) if minutes(points[:n]) <= left]
+    return fitting[-1] if fitting else points[:1]
 
 
 def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list[Stage]:
@@ -260,14 +281,20 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
     remainder = python + ["analysis.remainder"]
     root = ["--data-root", str(Path(data_root).resolve())] if data_root else []
 
+    def pass_minutes(points: list[int]) -> float:
+        return remainder_minutes(mi, ceilings, gpu, points)
+
     def remainder_stages(networks: tuple[str, ...]) -> list[Stage]:
-        """One stage per seed-0 network, so that a call packs after each (`run_stages`'s `after`)."""
+        """One stage per seed-0 network, so that a call packs after each (`run_stages`'s `after`); each
+        call estimates the points of it that fit (`points_that_fit`)."""
         ids = [f"{GRID_DATASET}-resnet32-{network}-s0" for network in networks]
         return [Stage(f"remainder:{network}", f"I(h,y), I(h,x) in the paper's units at every layer of {run_id}",
-                      lambda run_id=run_id: remainder_estimated(mi, run_id),
-                      lambda left, run_id=run_id: remainder + ["layers", "--only", run_id, "--runs", str(runs),
-                                                               "--ceilings", str(ceilings), "--out", str(mi), *root],
-                      minutes=lambda: remainder_minutes(mi, ceilings, gpu),
+                      lambda run_id=run_id: not missing_points(mi, run_id),
+                      lambda left, run_id=run_id: remainder + ["layers", "--only", run_id, "--layers", ",".join(
+                          map(str, points_that_fit(missing_points(mi, run_id), pass_minutes, left))),
+                          "--runs", str(runs), "--ceilings", str(ceilings), "--out", str(mi), *root],
+                      minutes=lambda run_id=run_id: pass_minutes(missing_points(mi, run_id)[:1]),
+                      progress=lambda run_id=run_id: points_progress(missing_points(mi, run_id)),
                       reads=lambda run_id=run_id: [runs / run_id / "model.pt"])
                 for network, run_id in zip(networks, ids) if (runs / run_id / "model.pt").is_file()]
 

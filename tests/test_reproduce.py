@@ -48,29 +48,66 @@ def test_a_stage_is_sized_when_it_comes_up_from_what_earlier_stages_measured(tmp
     assert "skipped" in lines[-1] and "it needs about 60" in lines[-1]
 
 
-def test_a_remainder_stage_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_path):
-    """The guess until a pass was timed on that GPU; then the ceiling's pass times PASS_WORK; then the
-    slowest network's pass: each scaled to the budget the ceiling chose, with the margin."""
-    from experiments.stages import (PASS_WORK, REMAINDER_MARGIN, REMAINDER_MINUTES, REMAINDER_REFERENCE,
+def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_path):
+    """The guess until a pass was timed on that GPU; then the ceiling's rate per unit of point work; then
+    the slowest network pass's: each scaled to the points' work and the budget the ceiling chose."""
+    from experiments.stages import (REMAINDER_MARGIN, REMAINDER_MINUTES, REMAINDER_REFERENCE, point_work,
                                     remainder_minutes)
 
     mi, ceilings = tmp_path / "mutual_information.csv", tmp_path / "remainder_ceiling.csv"
-    h100 = "nvidia-h100-80gb-hbm3"
-    assert remainder_minutes(mi, ceilings, h100) == REMAINDER_MINUTES
-    ceiling = dict(run_id=REMAINDER_REFERENCE, rem_epochs=30, within_2_points=True, pass_points=1, pass_seconds=60.0,
-                   analysis_device="NVIDIA H100 80GB HBM3", rem_batch_size=512, rem_lr=0.4, rem_warmup_epochs=2,
-                   rem_momentum=0.9, rem_weight_decay=5e-4, rem_precision="bf16", rem_seed=0, ixy_paper=0.88,
-                   network_accuracy=0.89)
+    h100, every = "nvidia-h100-80gb-hbm3", list(range(1, 17))
+    assert remainder_minutes(mi, ceilings, h100, every) == REMAINDER_MINUTES
+    ceiling = dict(run_id=REMAINDER_REFERENCE, layer=0, estimator="remainder", rem_epochs=30, within_2_points=True,
+                   pass_points=1, pass_seconds=60.0, analysis_device="NVIDIA H100 80GB HBM3", rem_batch_size=512,
+                   rem_lr=0.4, rem_warmup_epochs=2, rem_momentum=0.9, rem_weight_decay=5e-4, rem_precision="bf16",
+                   rem_seed=0, ixy_paper=0.88, network_accuracy=0.89)
     pd.DataFrame([ceiling]).to_csv(ceilings, index=False)
-    assert remainder_minutes(mi, ceilings, None) == remainder_minutes(mi, ceilings, "nvidia-a100") == REMAINDER_MINUTES
-    assert remainder_minutes(mi, ceilings, h100) == pytest.approx(REMAINDER_MARGIN * PASS_WORK * 2.0 * 30 / 60 + 1)
-    passes = pd.DataFrame([dict(run_id="greedy", estimator="remainder", rem_epochs=10, pass_points=16,
-                                pass_seconds=200.0, analysis_device="NVIDIA H100 80GB HBM3"),
-                           dict(run_id="e2e", estimator="remainder", rem_epochs=30, pass_points=16,
-                                pass_seconds=9000.0, analysis_device="Intel Xeon"),
-                           dict(run_id="e2e", estimator="1c2f", analysis_device="NVIDIA H100 80GB HBM3")])
-    passes.to_csv(mi, index=False)
-    assert remainder_minutes(mi, ceilings, h100) == pytest.approx(REMAINDER_MARGIN * 20.0 * 30 / 60 + 1)
+    assert remainder_minutes(mi, ceilings, None, every) == REMAINDER_MINUTES
+    assert remainder_minutes(mi, ceilings, "nvidia-a100", every) == REMAINDER_MINUTES
+    # The ceiling: 2 s an epoch for point 0's 17 units; sixteen points are 136 units, eight ceilings.
+    assert sum(map(point_work, every)) == 8 * point_work(0)
+    assert remainder_minutes(mi, ceilings, h100, every) == pytest.approx(REMAINDER_MARGIN * 8 * 2.0 * 30 / 60 + 1)
+    assert remainder_minutes(mi, ceilings, h100, [16]) == pytest.approx(REMAINDER_MARGIN * 2.0 / 17 * 30 / 60 + 1)
+    greedy = [dict(run_id="greedy", layer=layer, estimator="remainder", rem_epochs=10, pass_points=3,
+                   pass_seconds=90.0, analysis_device="NVIDIA H100 80GB HBM3") for layer in (1, 2, 3)]
+    others = [dict(run_id="e2e", layer=1, estimator="remainder", rem_epochs=30, pass_points=1, pass_seconds=9000.0,
+                   analysis_device="Intel Xeon"),
+              dict(run_id="e2e", layer=1, estimator="1c2f", analysis_device="NVIDIA H100 80GB HBM3")]
+    pd.DataFrame(greedy + others).to_csv(mi, index=False)
+    rate = 90.0 / 10 / (16 + 15 + 14)  # the H100 pass over points 1 to 3, per epoch and unit of work
+    assert remainder_minutes(mi, ceilings, h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * rate * 25 * 30 / 60 + 1)
+
+
+def test_a_remainder_stage_estimates_the_points_that_fit_and_continues_where_it_stopped(tmp_path):
+    """Each call trains the longest start of the missing points that fits the minutes left (at least
+    one); the rows written are not asked for again."""
+    from experiments.stages import REMAINDER_REFERENCE, points_that_fit
+
+    work = {layer: 17 - layer for layer in range(1, 17)}
+    assert points_that_fit([1, 2, 3, 4], lambda points: sum(work[p] for p in points), 45.5) == [1, 2, 3]
+    assert points_that_fit([1, 2, 3, 4], lambda points: sum(work[p] for p in points), 1) == [1]
+    assert points_that_fit([9, 16], lambda points: 0.5, 1) == [9, 16]
+    run_id = "cifar10-jpeg-resnet32-e2e-K1-s0"
+    (tmp_path / "runs" / run_id).mkdir(parents=True)
+    (tmp_path / "runs" / run_id / "model.pt").touch()
+    analysis = tmp_path / "analysis"
+    analysis.mkdir()
+    pd.DataFrame([dict(run_id=REMAINDER_REFERENCE, layer=0, estimator="remainder", rem_epochs=30,
+                       within_2_points=True, pass_points=1, pass_seconds=17 * 6.0, analysis_device="NVIDIA H200",
+                       rem_batch_size=512, rem_lr=0.4, rem_warmup_epochs=2, rem_momentum=0.9, rem_weight_decay=5e-4,
+                       rem_precision="bf16", rem_seed=0, ixy_paper=0.88, network_accuracy=0.89)]).to_csv(
+        analysis / "remainder_ceiling.csv", index=False)
+    stage = {s.name: s for s in stages(tmp_path, ".data", "nvidia-h200")}["remainder:e2e-K1"]
+    # 0.2 s an epoch and unit: point 1 (16 units) needs 1.25 * 16 * 0.2 * 30 / 60 + 1 = 3 min.
+    assert stage.minutes_needed() == pytest.approx(3.0)
+    layers = stage.command(6.0)
+    assert layers[layers.index("--layers") + 1] == "1,2"
+    pd.DataFrame([dict(run_id=run_id, layer=layer, estimator="remainder") for layer in (1, 2)]).to_csv(
+        analysis / "mutual_information.csv", index=False)
+    assert not stage.done() and stage.progress() == ["2 of 16 layer points estimated"]
+    assert stage.minutes_needed() == pytest.approx(1.25 * 14 * 0.2 * 30 / 60 + 1)
+    layers = stage.command(100.0)
+    assert layers[layers.index("--layers") + 1] == ",".join(map(str, range(3, 17)))
 
 
 def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_time(tmp_path):
