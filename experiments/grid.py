@@ -6,7 +6,7 @@
     python -m experiments.grid cpu-fixture --data-root .data --out results/runs
     python -m experiments.grid table2-resnet32 --measure-jobs 1 2 3 4 6     # which --jobs fills the GPU
 
-`--measure-jobs` runs N copies of the grid's first configuration at once for 4 epochs, for each
+`--measure-jobs` runs N copies of the grid's first configuration at once for 12 epochs, for each
 N, and writes their aggregate images/s over the window in which all N trained past their first
 epoch to results/bench/grid-jobs-<grid>-<device>.csv.
 `table2-resnet32` feeds Table 2 and fig7 (13 configurations per seed, the paper's 160-epoch

@@ -295,9 +295,10 @@ def last_line(root: Path, config: TrainConfig) -> str:
     return lines[-1] if lines else "no output"
 
 
-# Epochs of each measuring run: the first (compilation, autotuning) is left out, and runs started one
-# after another need a few more before all of them train at once.
-MEASURED_EPOCHS = 4
+# Epochs of each measuring run: the first (compilation, autotuning) is left out, and the copies' starts,
+# data decoding included, spread over seconds; on an H200 (a ResNet-32 epoch alone: 0.9 s) four epochs
+# of two copies ended before both were past their first.
+MEASURED_EPOCHS = 12
 
 
 def measure_jobs(config: TrainConfig, counts: list[int], folder, device: str = "auto", data_root=None,
