@@ -39,7 +39,9 @@ def test_the_share_of_the_gap_infopro_closes():
 
 
 def test_the_papers_ordering_waits_for_dgl_then_is_judged_per_k():
-    assert paper_ordering(errors(), errors())["verdict"] == "pending: no DGL run"
+    assert paper_ordering(errors(), errors())["verdict"] == "pending: no DGL run at K = 2, 4, 8, 16"
+    first = errors(dgl=(12.0, None, None, None))  # DGL at K = 2 only, between Softmax and greedy SL there
+    assert paper_ordering(first, errors())["verdict"] == "pending: no DGL run at K = 4, 8, 16; at K = 2: holds"
     with_dgl = errors(dgl=(12.0, 14.0, 18.0, 30.0))  # worse than greedy SL at K = 16
     row = paper_ordering(with_dgl, with_dgl)
     assert row["verdict"] == "partly (K = 2, 4, 8)" and "K = 16: (Contrast) < (Softmax) < Greedy SL < DGL" in row["ours"]
