@@ -163,8 +163,9 @@ def epochs_measured(bench: Path, gpu: str | None = None) -> bool:
 
 
 def training_step_mode(bench: Path, gpu: str | None) -> str:
-    """The step mode the grids train in on `gpu`: the fastest fp32 mode its epoch benchmark measured, or
-    `auto` (compiled on CUDA) before it has measured both."""
+    """The step mode the grids train in on `gpu`: the fastest fp32 mode its epoch benchmark measured for a
+    run's process, compiling included (`fastest_mode`), or `auto` (compiled on CUDA) before it has
+    measured both."""
     tables = epoch_tables(bench, gpu) if gpu else []
     return (fastest_mode(tables[-1]) if tables else None) or "auto"
 
