@@ -64,7 +64,9 @@ def start_job(command: list[str], state: Path, log: Path) -> dict:
 
 def read_state(state: Path) -> dict:
     if not (state / "job.json").is_file():
-        raise InfoProError("no lease job was started here; `python -m experiments.lease start` starts one")
+        raise InfoProError("no lease job was started here (a machine given back between calls takes its job, and "
+                           "what the job wrote since the last `wait`, with it); `python -m experiments.lease start` "
+                           "starts one")
     return json.loads((state / "job.json").read_text())
 
 

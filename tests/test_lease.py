@@ -47,5 +47,5 @@ def test_a_second_job_is_refused_while_one_runs_and_a_failure_is_its_status(tmp_
 
 
 def test_following_without_a_job_says_how_to_start_one(tmp_path):
-    with pytest.raises(InfoProError, match="no lease job was started here; `python -m experiments.lease start`"):
+    with pytest.raises(InfoProError, match="no lease job was started here .*given back.*lease start`"):
         follow(tmp_path / ".lease", 1, log=lambda line: None)
