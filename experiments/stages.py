@@ -54,10 +54,10 @@ REMAINDER_CANDIDATES = (30, 45, 60)
 REMAINDER_FIRST = ("e2e-K1", "greedy-K2", "greedy-K4", "greedy-K8", "greedy-K16")
 REMAINDER_LATER = tuple(f"{method}-K{K}" for method in ("infopro-contrast", "infopro-softmax", "dgl")
                         for K in (2, 4, 8, 16))
-# What a remainder:<network> stage needs before any pass was timed on the GPU at hand: sixteen remainders
-# are about eight ResNet-32s of work per batch, and a ResNet-32 epoch takes about 1 s on an H100, so 30
-# epochs of them about 4 min, plus the decoders. Once timed, the stage is sized by `remainder_minutes`.
-REMAINDER_MINUTES = 6
+# Seconds per epoch and unit of `point_work` on a GPU where no remainder pass was timed yet: twice the
+# H200's (its ceiling: 30 epochs of 17 units in 58 s, 0.11 s), as a GPU of unknown speed may be slower
+# and a pass that overruns the lease loses its points. The first pass timed there replaces it.
+GUESS_SECONDS_PER_WORK = 0.23
 REMAINDER_POINTS = 16  # a ResNet-32's layer points
 # Measured minutes are planned with a quarter more, and a minute to start the process and load the data.
 REMAINDER_MARGIN, REMAINDER_START_MINUTES = 1.25, 1.0
@@ -206,20 +206,16 @@ def seconds_per_work(table: Path, gpu: str) -> float | None:
 
 def remainder_minutes(mi: Path, ceilings: Path, gpu: str | None, points: list[int]) -> float:
     """What a remainder pass over the layer `points` needs on `gpu`, at the budget the ceiling chose: their
-    `point_work` at the slowest rate timed there, the networks' passes first, else the ceiling's, with
-    REMAINDER_MARGIN; else (nothing timed on it, or no budget chosen yet) REMAINDER_MINUTES.
+    `point_work` at the slowest rate timed there (the networks' passes first, else the ceiling's; else
+    GUESS_SECONDS_PER_WORK), with REMAINDER_MARGIN and a minute to start.
 
     Why measured: a stage is started only with the minutes it needs left, and a pass that overruns the
     lease loses its points; the guess alone would start some too late and keep others out."""
-    if gpu is None:
-        return REMAINDER_MINUTES
     try:
         epochs = chosen_epochs(ceilings)
     except InfoProError:  # no ceiling yet, or every candidate fell short: the stage's command says so at once
-        return REMAINDER_MINUTES
-    rate = seconds_per_work(mi, gpu) or seconds_per_work(ceilings, gpu)
-    if rate is None:
-        return REMAINDER_MINUTES
+        return REMAINDER_START_MINUTES
+    rate = (gpu and (seconds_per_work(mi, gpu) or seconds_per_work(ceilings, gpu))) or GUESS_SECONDS_PER_WORK
     return REMAINDER_MARGIN * rate * epochs * sum(map(point_work, points)) / 60 + REMAINDER_START_MINUTES
 
 

@@ -49,21 +49,23 @@ def test_a_stage_is_sized_when_it_comes_up_from_what_earlier_stages_measured(tmp
 
 
 def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_path):
-    """The guess until a pass was timed on that GPU; then the ceiling's rate per unit of point work; then
-    the slowest network pass's: each scaled to the points' work and the budget the ceiling chose."""
-    from experiments.stages import (REMAINDER_MARGIN, REMAINDER_MINUTES, REMAINDER_REFERENCE, point_work,
-                                    remainder_minutes)
+    """Nothing to plan before a budget is chosen (the command refuses at once); then the guess until a pass
+    was timed on that GPU; then the ceiling's rate per unit of point work; then the slowest network
+    pass's: each scaled to the points' work and the budget the ceiling chose."""
+    from experiments.stages import (GUESS_SECONDS_PER_WORK, REMAINDER_MARGIN, REMAINDER_REFERENCE,
+                                    REMAINDER_START_MINUTES, point_work, remainder_minutes)
 
     mi, ceilings = tmp_path / "mutual_information.csv", tmp_path / "remainder_ceiling.csv"
     h100, every = "nvidia-h100-80gb-hbm3", list(range(1, 17))
-    assert remainder_minutes(mi, ceilings, h100, every) == REMAINDER_MINUTES
+    assert remainder_minutes(mi, ceilings, h100, every) == REMAINDER_START_MINUTES  # no budget: refused at once
     ceiling = dict(run_id=REMAINDER_REFERENCE, layer=0, estimator="remainder", rem_epochs=30, within_2_points=True,
                    pass_points=1, pass_seconds=60.0, analysis_device="NVIDIA H100 80GB HBM3", rem_batch_size=512,
                    rem_lr=0.4, rem_warmup_epochs=2, rem_momentum=0.9, rem_weight_decay=5e-4, rem_precision="bf16",
                    rem_seed=0, ixy_paper=0.88, network_accuracy=0.89)
     pd.DataFrame([ceiling]).to_csv(ceilings, index=False)
-    assert remainder_minutes(mi, ceilings, None, every) == REMAINDER_MINUTES
-    assert remainder_minutes(mi, ceilings, "nvidia-a100", every) == REMAINDER_MINUTES
+    guessed = REMAINDER_MARGIN * GUESS_SECONDS_PER_WORK * 30 * 136 / 60 + 1  # nothing timed on that GPU
+    assert remainder_minutes(mi, ceilings, None, every) == remainder_minutes(mi, ceilings, "nvidia-a100", every)
+    assert remainder_minutes(mi, ceilings, "nvidia-a100", every) == pytest.approx(guessed)
     # The ceiling: 2 s an epoch for point 0's 17 units; sixteen points are 136 units, eight ceilings.
     assert sum(map(point_work, every)) == 8 * point_work(0)
     assert remainder_minutes(mi, ceilings, h100, every) == pytest.approx(REMAINDER_MARGIN * 8 * 2.0 * 30 / 60 + 1)
