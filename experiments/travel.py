@@ -136,8 +136,8 @@ def bring_home(root: Path, runs: Path, aside: Path, parts: Path | None = None, l
         place.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, place)
         log(f"back home: {place.relative_to(root)}")
-    for folder in sorted(aside.rglob("*"), reverse=True) if aside.is_dir() else []:
-        if folder.is_dir() and not any(folder.iterdir()):
+    for folder in [*sorted(aside.rglob("*"), reverse=True), aside] if aside.is_dir() else []:
+        if folder.is_dir() and not any(folder.iterdir()):  # an empty `aside` would read as a lease still out
             folder.rmdir()
     for checkpoint in sorted(runs.glob("*/checkpoint.pt")):
         if (checkpoint.parent / "summary.json").is_file():
