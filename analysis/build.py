@@ -32,8 +32,8 @@ def main(argv=None):
                    help="fig7, fig8, fig10, fig_info_plane, fig_curves, table2: show this network's runs instead of those of the "
                         "network covering the most configurations, as <target>-<ARCH>")
     p.add_argument("--estimator", choices=ESTIMATORS,
-                   help="fig10, fig_info_plane: draw this estimator of I(h,x), I(h,y) (default: remainder where it has "
-                        "rows, else 1c2f), as <target>-<ESTIMATOR>")
+                   help="fig10, fig_info_plane: draw this estimator of I(h,x), I(h,y) (default: remainder once it "
+                        "covers E2E and greedy SL at every layer point, else 1c2f), as <target>-<ESTIMATOR>")
     args = p.parse_args(argv)
     for target in args.targets:
         for path in build(target, args.results, args.recipe, args.arch, args.estimator):

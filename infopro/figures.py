@@ -255,7 +255,7 @@ def table3(results) -> tuple[pd.DataFrame, str]:
 def claims_table(results) -> tuple[pd.DataFrame, str]:
     """The paper's claims with our verdicts (infopro/claims.py), from the default rows of every target."""
     bench = selection.measured_rows(table3_bench(results))
-    return claims.claims(load_runs(results), load_probes(results), estimator_rows(load_mutual_info(results), None),
+    return claims.claims(load_runs(results), load_probes(results), load_mutual_info(results),
                          bench, selection.memory_column(bench)[0], load_reference(results, "table2"),
                          load_reference(results, "analysis_figure"), load_reference(results, "table3"))
 
@@ -299,10 +299,9 @@ ESTIMATORS = {"remainder": "remainder", "1c2f": "mutual-info"}  # of I(h,x), I(h
 
 
 def estimator_rows(df: pd.DataFrame, estimator: str | None) -> pd.DataFrame:
-    """The rows of one estimator of I(h,x) and I(h,y): `estimator`, or by default the remainder
-    estimator (the paper's units) wherever it has rows, else 1c2f's."""
-    if estimator is None:
-        estimator = "remainder" if (df["estimator"] == "remainder").any() else "1c2f"
+    """The rows of one estimator of I(h,x) and I(h,y): `estimator`, or by default
+    `selection.default_estimator`'s."""
+    estimator = estimator or selection.default_estimator(df)
     rows = df[df["estimator"] == estimator]
     if rows.empty:
         raise InfoProError(f"no {estimator} rows in the mutual-information CSV: {HOW_TO_MAKE[ESTIMATORS[estimator]]}")

@@ -67,6 +67,29 @@ def figure_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return rows, recipe
 
 
+# The networks of the paper's analysis figure: E2E and greedy SL at every K.
+PAPER_FIGURE_NETWORKS = (("e2e", 1), ("greedy", 2), ("greedy", 4), ("greedy", 8), ("greedy", 16))
+
+
+def complete_networks(mi: pd.DataFrame, estimator: str) -> set:
+    """(method, K) of the runs whose `estimator` rows cover every layer point the run has rows at.
+    The remainder estimator's points of one network arrive over several GPU calls, layer 1 first."""
+    rows = with_method(mi)
+    points = rows.groupby("run_id")["layer"].nunique()
+    own = rows[rows["estimator"] == estimator]
+    covered = own.groupby("run_id")["layer"].nunique()
+    complete = covered[covered == points[covered.index]].index
+    return set(own.loc[own["run_id"].isin(complete), ["method", "K"]].itertuples(index=False, name=None))
+
+
+def default_estimator(mi: pd.DataFrame) -> str:
+    """The estimator of I(h,x) and I(h,y) shown by default: the remainder estimator (the paper's
+    units) once it covers every layer point of the paper's figure networks, else 1c2f, which
+    covers every network. A figure half in one estimator's units and half in the other's would
+    compare nothing."""
+    return "remainder" if set(PAPER_FIGURE_NETWORKS) <= complete_networks(mi, "remainder") else "1c2f"
+
+
 def measured_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows of a benchmark CSV whose method was measured: a failed method's row holds its `error`."""
     return rows[rows["error"].isna()] if "error" in rows else rows

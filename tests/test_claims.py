@@ -3,8 +3,11 @@
 import pandas as pd
 import pytest
 
-from infopro.claims import (PAPER_KS, greedy_grows_with_k, infopro_recovers_the_gap, label_information,
-                            memory_at_time, paper_ordering, recovered, separability, verdict)
+from infopro.claims import (IXY_LEVEL, PAPER_KS, e2e_keeps_label_information, first_module_end, greedy_below_e2e,
+                            greedy_grows_with_k, greedy_loses_label_information, infopro_keeps_label_information,
+                            infopro_recovers_the_gap, input_lost_early, memory_at_time, paper_curves, paper_ordering,
+                            recovered, separability, verdict)
+from infopro.selection import default_estimator
 
 PAPER_RECIPE = dict(arch="resnet32", split="paper", recipe="paper", epochs=160, train_images=50000, task_loss="")
 
@@ -48,12 +51,14 @@ def test_the_papers_ordering_waits_for_dgl_then_is_judged_per_k():
 
 
 def layer_rows(value: str, curves: dict, estimator: str | None = None) -> pd.DataFrame:
-    """Analysis rows: {(regime, K): [value at layer 1..16]}."""
+    """Analysis rows: {(method, K): [value at layer 1..n]}, a method being a regime or "infopro-<task loss>"."""
     rows = []
-    for (regime, K), values in curves.items():
+    for (method, K), values in curves.items():
+        regime, _, task_loss = method.partition("-")
         for layer, v in enumerate(values, start=1):
-            rows.append(PAPER_RECIPE | {"run_id": f"{regime}-{K}", "regime": regime, "K": K, "seed": 0,
-                                        "layer": layer, value: v} | ({"estimator": estimator} if estimator else {}))
+            rows.append(PAPER_RECIPE | {"run_id": f"{method}-{K}", "regime": regime, "task_loss": task_loss, "K": K,
+                                        "seed": 0, "layer": layer, value: v}
+                        | ({"estimator": estimator} if estimator else {}))
     return pd.DataFrame(rows)
 
 
@@ -67,17 +72,77 @@ def test_separability_compares_greedy_and_e2e_where_the_first_module_ends():
     assert "K = 4 (layer 4): 20.0 vs 51.0" in separability(probes, reference, early=True)["ours"]
 
 
-def test_label_information_is_pending_without_the_remainder_estimator_and_judged_with_it():
-    reference = layer_rows("value", {("e2e", 1): [0.93] * 16, ("greedy", 4): [0.9] * 16}).assign(
-        quantity="ixy_paper_units")
-    small_head = layer_rows("ixy_normalised", {("e2e", 1): [0.5] * 16}, "1c2f")
-    assert label_information(small_head, reference)["verdict"].startswith("pending")
-    curves = {("e2e", 1): [0.90] * 16, **{("greedy", K): [0.85] * 16 for K in PAPER_KS}}
-    level = layer_rows("ixy_paper", curves, "remainder")
-    assert label_information(level, reference)["verdict"] == "holds"
-    rising = layer_rows("ixy_paper", {**curves, ("e2e", 1): [0.2 + 0.05 * layer for layer in range(16)]},
-                        "remainder")
-    assert label_information(rising, reference)["verdict"].startswith("E2E not level")
+IXY_REFERENCE = layer_rows("value", {("e2e", 1): [0.93] * 16, ("greedy", 4): [0.9] * 16}).assign(
+    quantity="ixy_paper_units")
+SMALL_HEAD = layer_rows("ixy_normalised", {("e2e", 1): [0.5] * 16, **{("greedy", K): [0.4] * 16 for K in PAPER_KS}},
+                        "1c2f").pipe(lambda rows: rows.assign(ixx_normalised=(rows["regime"] == "e2e") * 0.5 + 0.3))
+
+
+def with_remainder(curves: dict) -> pd.DataFrame:
+    """The mutual-information CSV: 1c2f rows of every network, remainder rows of `curves`."""
+    return pd.concat([SMALL_HEAD, layer_rows("ixy_paper", curves, "remainder")], ignore_index=True)
+
+
+def test_the_label_information_claims_wait_for_every_layer_point_of_the_remainder_estimator():
+    for claim in (e2e_keeps_label_information(SMALL_HEAD, IXY_REFERENCE),
+                  greedy_loses_label_information(SMALL_HEAD, IXY_REFERENCE),
+                  infopro_keeps_label_information(SMALL_HEAD)):
+        assert claim["verdict"].startswith("pending: the remainder estimator has not run") and claim["ours"] == "–"
+    first_points = with_remainder({("e2e", 1): [0.9] * 5})  # a GPU call's worth of E2E's points, layer 1 first
+    assert e2e_keeps_label_information(first_points, IXY_REFERENCE)["verdict"] == \
+        "pending: remainder layer points so far (of 16): E2E 5"
+    assert greedy_loses_label_information(first_points, IXY_REFERENCE)["verdict"] == \
+        "pending: remainder layer points so far (of 16): E2E 5; Greedy SL K = 2: 0, 4: 0, 8: 0, 16: 0"
+
+
+def test_e2e_must_stay_within_two_points_across_depth():
+    assert e2e_keeps_label_information(with_remainder({("e2e", 1): [0.90] * 15 + [0.915]}),
+                                       IXY_REFERENCE)["verdict"] == "holds"
+    rising = with_remainder({("e2e", 1): [0.2 + 0.05 * layer for layer in range(16)]})
+    row = e2e_keeps_label_information(rising, IXY_REFERENCE)
+    assert row["verdict"] == "does not hold" and row["ours"] == "E2E 0.200 to 0.950"
+    assert row["paper"] == "E2E 0.930 to 0.930"
+
+
+def test_greedy_must_stay_below_e2e_from_its_first_module_end_on():
+    e2e = {("e2e", 1): [0.90] * 16}
+    below = {("greedy", K): [0.95] * (first_module_end(K) - 1) + [0.85] * (17 - first_module_end(K)) for K in PAPER_KS}
+    assert greedy_loses_label_information(with_remainder(e2e | below), IXY_REFERENCE)["verdict"] == "holds"
+    regained = below | {("greedy", 2): [0.85] * 15 + [0.91]}  # back above E2E at layer 16
+    row = greedy_loses_label_information(with_remainder(e2e | regained), IXY_REFERENCE)
+    assert row["verdict"] == "partly (K = 4, 8, 16)" and "K = 2 (layer 8): 0.850 vs 0.900" in row["ours"]
+
+
+def test_infopro_must_stay_near_e2e_and_above_greedy_at_its_first_module_end():
+    curves = {("e2e", 1): [0.90] * 16, **{("greedy", K): [0.80] * 16 for K in PAPER_KS},
+              **{(method, K): [0.89] * 16 for method in ("infopro-contrast", "infopro-softmax") for K in PAPER_KS}}
+    row = infopro_keeps_label_information(with_remainder(curves))
+    assert row["verdict"] == "holds"
+    assert "K = 4 (layer 4): (Contrast) 0.890, (Softmax) 0.890 vs E2E 0.900, greedy SL 0.800" in row["ours"]
+    lost = curves | {("infopro-softmax", 8): [0.85] * 16}  # 0.05 below E2E at layer 2
+    assert infopro_keeps_label_information(with_remainder(lost))["verdict"] == "partly (K = 2, 4, 16)"
+
+
+def test_the_label_information_rules_hold_on_the_papers_own_values():
+    """A rule the paper's read-off curves fail would test something the paper does not claim."""
+    from conftest import REPO
+
+    reference = pd.read_csv(REPO / "results" / "reference" / "analysis_figure.csv")
+    paper = paper_curves(reference, "ixy_paper_units")
+    assert greedy_below_e2e(paper, "value", 16) == {K: True for K in PAPER_KS}
+    e2e = paper[paper["method"] == "e2e"]["value"]
+    assert e2e.max() - e2e.min() <= IXY_LEVEL
+
+
+def test_fig10_and_the_input_claim_switch_to_the_remainder_once_it_covers_the_papers_figure():
+    greedy = {("greedy", K): [0.8] * 16 for K in PAPER_KS}
+    partial = with_remainder({("e2e", 1): [0.9] * 16, **greedy, ("greedy", 16): [0.8] * 5})
+    assert default_estimator(partial) == "1c2f"
+    assert "1c2f estimator" in input_lost_early(partial, IXY_REFERENCE)["test"]
+    complete = pd.concat([partial, layer_rows("ixy_paper", {("greedy", 16): [0.8] * 16}, "remainder")])
+    complete = complete.drop_duplicates(["run_id", "estimator", "layer"], keep="last").assign(ixx_paper=0.4)
+    assert default_estimator(complete) == "remainder"
+    assert "remainder estimator" in input_lost_early(complete, IXY_REFERENCE)["test"]
 
 
 def test_infopro_star_must_save_a_third_of_the_memory_in_less_time_than_checkpointing():
