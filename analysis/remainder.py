@@ -14,20 +14,35 @@ not regained; for E2E it stays level from the stem on. Cost: the sixteen remaind
 are about eight ResNet-32s of work per batch, so one network takes about eight times a ResNet-32
 trained alone for the same epochs (about 7.7 min for 30 epochs on an H200, 18 h on 2 CPU cores);
 `--layers` estimates some points, and a later call the rest.
+
+    python -m analysis.remainder steps --reference cifar10-jpeg-resnet32-e2e-K1-s0
+
+`steps` times an epoch of a pass over every layer point of that network with eager steps and
+with CUDA-graphed ones, side by side on a GPU, and writes results/bench/remainder-steps-<gpu>.csv;
+`--step graphed` then runs `ceiling` and `layers` graphed (the same numbers: docs/analysis.md).
 """
 
 from dataclasses import replace
+from pathlib import Path
 
 from analysis.probe import layer_list
-from infopro.analysis import analyse_runs, chosen_epochs, measure_ceilings, remainder_run, remainder_settings
+from infopro.analysis import (analyse_runs, chosen_epochs, measure_ceilings, remainder_run, remainder_settings,
+                              remainder_steps_run)
+from infopro.bench import device_slug
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.config import PRECISIONS
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
-from infopro.remainder import RemainderSettings
-from infopro.runs import finished_runs
+from infopro.records import check_writable, write_csv
+from infopro.remainder import STEPS, RemainderSettings
+from infopro.runs import Run, finished_runs
 
 CEILINGS = "results/analysis/remainder_ceiling.csv"
+
+
+def steps_csv(out, device) -> Path:
+    """Where `steps` writes its rows: results/bench/remainder-steps-<gpu>.csv."""
+    return Path(out) / f"remainder-steps-{device_slug(device)}.csv"
 
 
 def settings_from(args) -> RemainderSettings:
@@ -48,25 +63,42 @@ def parse_args(argv=None):
     layers.add_argument("--epochs", type=at_least(1), help="budget (default: the shortest whose ceiling passed)")
     layers.add_argument("--force", action="store_true", help="redo runs already in the CSV")
     layers.add_argument("--out", default="results/analysis/mutual_information.csv")
-    for command in (ceiling, layers):
+    steps = commands.add_parser("steps", help="seconds per epoch of a pass, eager against CUDA-graphed steps")
+    steps.add_argument("--reference", required=True, metavar="TEXT", help="the run (id contains TEXT) timed")
+    steps.add_argument("--out", default="results/bench", help="folder of remainder-steps-<gpu>.csv")
+    for command in (ceiling, layers, steps):
         command.add_argument("--runs", default="results/runs", help="folder searched for finished runs")
-        command.add_argument("--ceilings", default=CEILINGS, help="the ceiling CSV, written or read")
         command.add_argument("--batch-size", type=at_least(2), default=defaults.batch_size)
         command.add_argument("--lr", type=positive, default=defaults.lr, help="peak SGD learning rate")
         command.add_argument("--precision", choices=PRECISIONS, default=defaults.precision)
         command.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
         command.add_argument("--data-root", help="folder or archive of the runs' dataset")
+    for command in (ceiling, layers):
+        command.add_argument("--ceilings", default=CEILINGS, help="the ceiling CSV, written or read")
+        command.add_argument("--step", choices=STEPS, default="eager", help="how a pass's steps run (graphed: CUDA "
+                             "graphs, the same numbers; `steps` measures which is faster)")
     return p.parse_args(argv)
+
+
+def reference_run(runs, text: str) -> Run:
+    reference = finished_runs(runs, [text])
+    if len(reference) != 1:
+        raise InfoProError(f"--reference {text!r} matches {len(reference)} runs; name one")
+    return reference[0]
 
 
 def main(argv=None):
     args = parse_args(argv)
     device, settings = resolve_device(args.device), settings_from(args)
+    if args.command == "steps":
+        check_writable(args.out)
+        rows = remainder_steps_run(reference_run(args.runs, args.reference), settings, device, args.data_root)
+        write_csv(steps_csv(args.out, device), rows)
+        print(f"wrote {steps_csv(args.out, device)}")
+        return
     if args.command == "ceiling":
-        reference = finished_runs(args.runs, [args.reference])
-        if len(reference) != 1:
-            raise InfoProError(f"--reference {args.reference!r} matches {len(reference)} runs; name one")
-        chosen = measure_ceilings(reference[0], args.candidates, args.ceilings, settings, device, args.data_root)
+        chosen = measure_ceilings(reference_run(args.runs, args.reference), args.candidates, args.ceilings, settings,
+                                  device, args.data_root, step=args.step)
         if chosen is None:
             raise InfoProError(f"no candidate budget brought the ceiling within 2 points (rows in {args.ceilings}); "
                                "try longer ones")
@@ -74,7 +106,8 @@ def main(argv=None):
         return
     settings = replace(settings, epochs=args.epochs or chosen_epochs(args.ceilings, settings))
     analyse_runs(finished_runs(args.runs, args.only), args.out,
-                 lambda r, points: remainder_run(r, points, settings=settings, device=device, data_root=args.data_root),
+                 lambda r, points: remainder_run(r, points, settings=settings, device=device, data_root=args.data_root,
+                                                 step=args.step),
                  lambda r: remainder_settings(r, settings), args.layers, force=args.force)
 
 

@@ -31,6 +31,7 @@ from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, fastest_mode, method
 from infopro.errors import InfoProError
 from infopro.grid import get_grid, run_state, run_status, status_summary
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
+from infopro.remainder_steps import fastest_step
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
@@ -188,25 +189,52 @@ def point_work(layer: int) -> int:
     return REMAINDER_POINTS + 1 - layer
 
 
-def seconds_per_work(table: Path, gpu: str) -> float | None:
-    """The most seconds per epoch and unit of `point_work` that a remainder pass took on `gpu` (a device
-    slug), from the rows in `table` (a pass: the rows of one run sharing its `pass_seconds`); None: no
-    pass timed there."""
+def seconds_per_work(table: Path, gpu: str, step: str = "eager") -> float | None:
+    """The most seconds per epoch and unit of `point_work` that a remainder pass with `step` steps took on
+    `gpu` (a device slug), from the rows in `table` (a pass: the rows of one run sharing its
+    `pass_seconds`; rows from before `pass_step` was recorded ran eagerly); None: no pass timed there."""
     if not table.is_file():
         return None
     rows = read_table(table, "restore it from git", ("run_id", "layer"))
     if "pass_seconds" not in rows:
         return None
+    steps = rows["pass_step"].fillna("eager") if "pass_step" in rows else "eager"
     mine = rows[rows["pass_seconds"].notna() & (rows["analysis_device"].map(name_slug) == gpu)
-                & (rows["estimator"] == "remainder")]
+                & (rows["estimator"] == "remainder") & (steps == step)]
     passes = mine.groupby(["run_id", "pass_seconds", "rem_epochs"])["layer"]
     rates = [seconds / epochs / sum(map(point_work, layers)) for (_, seconds, epochs), layers in passes]
     return max(rates) if rates else None
 
 
-def remainder_minutes(mi: Path, ceilings: Path, gpu: str | None, points: list[int]) -> float:
+def steps_table(bench: Path, gpu: str | None):
+    """The remainder step measurement of `gpu` (`analysis.remainder steps`), or None."""
+    path = bench / f"remainder-steps-{gpu}.csv"
+    return read_table(path, "delete it to measure the remainder steps again",
+                      ("step", "points", "epoch_seconds", "agrees_with_eager")) if gpu and path.is_file() else None
+
+
+def remainder_step(bench: Path, gpu: str | None) -> str:
+    """The step mode of the remainder passes on `gpu`: the fastest that agrees with eager steps, as measured
+    there (`infopro.remainder_steps.fastest_step`); eager before that."""
+    table = steps_table(bench, gpu)
+    return (fastest_step(table) if table is not None else None) or "eager"
+
+
+def measured_seconds_per_work(bench: Path, gpu: str, step: str) -> float | None:
+    """Seconds per epoch and unit of `point_work` of the step measurement's pass in `step` mode (every
+    layer point of one network), or None."""
+    table = steps_table(bench, gpu)
+    rows = None if table is None else table[table["step"] == step]
+    if rows is None or rows.empty:
+        return None
+    row = rows.iloc[-1]
+    return float(row["epoch_seconds"]) / sum(map(point_work, range(1, int(row["points"]) + 1)))
+
+
+def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, points: list[int]) -> float:
     """What a remainder pass over the layer `points` needs on `gpu`, at the budget the ceiling chose: their
-    `point_work` at the slowest rate timed there (the networks' passes first, else the ceiling's; else
+    `point_work` at the slowest rate timed there in the pass's step mode (`remainder_step`: the networks'
+    passes first, then the step measurement's, then, for eager steps, the ceiling's; else
     GUESS_SECONDS_PER_WORK), with REMAINDER_MARGIN and a minute to start.
 
     Why measured: a stage is started only with the minutes it needs left, and a pass that overruns the
@@ -215,7 +243,9 @@ def remainder_minutes(mi: Path, ceilings: Path, gpu: str | None, points: list[in
         epochs = chosen_epochs(ceilings)
     except InfoProError:  # no ceiling yet, or every candidate fell short: the stage's command says so at once
         return REMAINDER_START_MINUTES
-    rate = (gpu and (seconds_per_work(mi, gpu) or seconds_per_work(ceilings, gpu))) or GUESS_SECONDS_PER_WORK
+    step = remainder_step(bench, gpu)
+    rate = (gpu and (seconds_per_work(mi, gpu, step) or measured_seconds_per_work(bench, gpu, step)
+                     or seconds_per_work(ceilings, gpu, step))) or GUESS_SECONDS_PER_WORK
     return REMAINDER_MARGIN * rate * epochs * sum(map(point_work, points)) / 60 + REMAINDER_START_MINUTES
 
 
@@ -279,7 +309,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
     root = ["--data-root", str(Path(data_root).resolve())] if data_root else []
 
     def pass_minutes(points: list[int]) -> float:
-        return remainder_minutes(mi, ceilings, gpu, points)
+        return remainder_minutes(mi, ceilings, bench, gpu, points)
 
     def remainder_stages(networks: tuple[str, ...]) -> list[Stage]:
         """One stage per seed-0 network, so that a call packs after each (`run_stages`'s `after`); each
@@ -289,11 +319,25 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                       lambda run_id=run_id: not missing_points(mi, run_id),
                       lambda left, run_id=run_id: remainder + ["layers", "--only", run_id, "--layers", ",".join(
                           map(str, points_that_fit(missing_points(mi, run_id), pass_minutes, left))),
-                          "--runs", str(runs), "--ceilings", str(ceilings), "--out", str(mi), *root],
+                          "--runs", str(runs), "--ceilings", str(ceilings), "--out", str(mi),
+                          "--step", remainder_step(bench, gpu), *root],
                       minutes=lambda run_id=run_id: pass_minutes(missing_points(mi, run_id)[:1]),
                       progress=lambda run_id=run_id: points_progress(missing_points(mi, run_id)),
                       reads=lambda run_id=run_id: [runs / run_id / "model.pt"])
                 for network, run_id in zip(networks, ids) if (runs / run_id / "model.pt").is_file()]
+
+    def remainder_steps_stage() -> list[Stage]:
+        """The remainder passes' step mode, timed on E2E's network where its weights are here."""
+        weights = runs / REMAINDER_REFERENCE / "model.pt"
+        measured = (lambda: steps_table(bench, gpu) is not None) if gpu else (
+            lambda: bool(gpu_files(bench, "remainder-steps-*.csv")))
+        return [Stage("remainder-steps", "seconds per epoch of a remainder pass over E2E's layer points, eager "
+                                         "against CUDA-graphed steps (the passes after it take the faster that agrees)",
+                      measured,
+                      lambda left: remainder + ["steps", "--reference", REMAINDER_REFERENCE, "--runs", str(runs),
+                                                "--out", str(bench), *root],
+                      minutes=2,  # unmeasured: the data, two epochs of 10,240 images in each mode, sixteen captures
+                      reads=lambda: [weights])] if weights.is_file() else []
 
     return [
         Stage("epoch-bench", "seconds per ResNet-32 epoch, eager and compiled steps, fp32: E2E, greedy SL K = 4, "
@@ -345,6 +389,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                                         *map(str, REMAINDER_CANDIDATES), "--runs", str(runs),
                                         "--ceilings", str(ceilings), *root],
               minutes=3),  # unmeasured: at most 135 epochs of one ResNet-32, about 1 s each on an H100
+        *remainder_steps_stage(),
         *remainder_stages(REMAINDER_FIRST),
         Stage("grid-jobs", f"how many trainings at once fill the GPU ({GRID}), counted while all of them train",
               lambda: bool(steady_jobs_tables(bench, gpu)),

@@ -25,6 +25,7 @@ from infopro.mi import EstimatorSettings, information_about_x, information_about
 from infopro.probes import DEFAULT_L2, check_l2, check_pool, extract_features, frozen, probe_layers
 from infopro.records import check_writable, device_name, git_state, read_table, update_csv
 from infopro.remainder import RemainderSettings, ceiling_within, estimate
+from infopro.remainder_steps import measure_steps
 from infopro.runs import Run
 from infopro.splits import num_layer_points
 
@@ -100,24 +101,36 @@ def mutual_info_run(run: Run, layers, *, settings=EstimatorSettings(), train_sub
 
 
 def remainder_run(run: Run, layers, *, settings=RemainderSettings(), device=torch.device("cpu"), data_root=None,
-                  log=print) -> list[dict]:
-    """I(h,y) and I(h,x) in the paper's units at each layer point, every point trained in one pass."""
+                  log=print, step: str = "eager") -> list[dict]:
+    """I(h,y) and I(h,x) in the paper's units at each layer point, every point trained in one pass whose
+    steps run in `step` mode (`infopro.remainder.STEPS`)."""
     columns = remainder_settings(run, settings)
     train, test = run_splits(run, None, None, device, data_root)
     backbone = place(run.load_net(device).backbone, device)
-    return layer_rows(run, estimate(backbone, train, test, layers, settings, log), columns, device)
+    return layer_rows(run, estimate(backbone, train, test, layers, settings, log, step), columns, device)
 
 
 def ceiling_run(run: Run, settings=RemainderSettings(), device=torch.device("cpu"), data_root=None,
-                log=print) -> dict:
+                log=print, step: str = "eager") -> dict:
     """The ceiling of `settings`' budget (the run's architecture trained from the image itself on the run's
     data) beside the run's own test accuracy, as one row of remainder_ceiling.csv."""
     train, test = run_splits(run, None, None, device, data_root)
     backbone = run.load_net(device).backbone  # only its architecture is used at point 0
-    ceiling = estimate(backbone, train, test, [0], settings, log)[0]
+    ceiling = estimate(backbone, train, test, [0], settings, log, step)[0]
     network = 1 - run.summary["final_test_error"] / 100
     return (run.row() | remainder_settings(run, settings) | ceiling | {"network_accuracy": network,
             "within_2_points": ceiling_within(ceiling["ixy_paper"], network)} | analysis_provenance(device))
+
+
+def remainder_steps_run(run: Run, settings=RemainderSettings(), device=torch.device("cpu"), data_root=None,
+                        log=print) -> list[dict]:
+    """Seconds per epoch of a pass over every layer point of `run` in each step mode
+    (`infopro.remainder_steps`), one row per mode."""
+    train, _ = run_splits(run, None, None, device, data_root)
+    backbone = place(run.load_net(device).backbone, device)
+    with frozen(backbone):
+        rows = measure_steps(backbone, train, all_layers(run), settings, log=log)
+    return [run.row() | row for row in rows]
 
 
 def read_ceilings(path) -> pd.DataFrame:
@@ -135,7 +148,7 @@ def same_budget_but_epochs(table: pd.DataFrame, settings: RemainderSettings) -> 
 
 
 def measure_ceilings(run: Run, candidates: list[int], csv_path, settings=RemainderSettings(),
-                     device=torch.device("cpu"), data_root=None, log=print) -> int | None:
+                     device=torch.device("cpu"), data_root=None, log=print, step: str = "eager") -> int | None:
     """Train the ceiling at each candidate number of epochs, shortest first, until one comes within
     2 points of `run`'s own test accuracy; each row is written as soon as it is measured, and rows
     already in `csv_path` are not measured again. Returns the epochs chosen (None: none came close)."""
@@ -148,7 +161,7 @@ def measure_ceilings(run: Run, candidates: list[int], csv_path, settings=Remaind
         done = done if done.empty else done[(done["run_id"] == run.run_id) & (done["rem_epochs"] == epochs)]
         if done.empty:
             log(f"{run.run_id}: ceiling with {epochs} epochs")
-            done = pd.DataFrame([ceiling_run(run, budget, device, data_root, log)])
+            done = pd.DataFrame([ceiling_run(run, budget, device, data_root, log, step)])
             update_csv(csv_path, read_ceilings, partial(appended, rows=done))
         row = done.iloc[-1]
         within = str(row["within_2_points"]) == "True"

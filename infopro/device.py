@@ -42,9 +42,11 @@ def place(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     return net.to(memory_format=torch.channels_last) if device.type == "cuda" else net
 
 
-def autocast(device: torch.device, precision: str):
+def autocast(device: torch.device, precision: str, cache: bool = True):
+    """bf16 autocast for `precision` "bf16", else nothing. `cache=False` for a CUDA graph's capture,
+    which must not keep autocast's cached weight casts (`torch.cuda.make_graphed_callables`)."""
     if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache)
     return nullcontext()
 
 

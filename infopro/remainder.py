@@ -23,6 +23,11 @@ batches: one frozen forward of the network feeds all of them. Each is initialise
 (seed, point) and the batches from (seed, epoch), so a point's estimate does not depend on
 which other points share the pass. The optimiser is the paper's family: SGD with Nesterov
 momentum, a linear warm-up into a cosine schedule, augmentation on the device.
+
+A pass launches thousands of small kernels a step (sixteen remainders, forward and backward, at
+batch 512), so on a GPU its pace may be set by the host issuing them rather than by the GPU
+running them. The `graphed` step replays each point's forward and backward as CUDA graphs
+(`cuda_graph`): the same kernels on the same numbers, issued once per step instead of one by one.
 """
 
 import math
@@ -98,6 +103,19 @@ def decoder(backbone: CifarResNet, point: int, seed: int, mean_logits: torch.Ten
     return module
 
 
+class PointLoss(nn.Module):
+    """One layer point's training loss: its remainder's cross-entropy on h and, past the input, its
+    decoder's pixel BCE against the image."""
+
+    def __init__(self, classifier: nn.Module, decoder: Decoder | None):
+        super().__init__()
+        self.classifier, self.decoder = classifier, decoder
+
+    def forward(self, h: torch.Tensor, unit: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(self.classifier(h).float(), y)
+        return loss if self.decoder is None else loss + reconstruction_loss(self.decoder(h), unit)
+
+
 class Estimators(nn.Module):
     """A remainder classifier per layer point and, for points after the input, a decoder."""
 
@@ -107,6 +125,11 @@ class Estimators(nn.Module):
         depth, mean_logits = depth_of(backbone), torch.logit(channel_means(train_images)).cpu()
         self.classifiers = nn.ModuleDict({str(p): remainder(depth, p, seed) for p in points})
         self.decoders = nn.ModuleDict({str(p): decoder(backbone, p, seed, mean_logits) for p in points if p > 0})
+        self.epoch_losses: list[float] = []  # per epoch: the mean over batches of the sum over points
+
+    def point_loss(self, point: int) -> PointLoss:
+        """A new `PointLoss` over the point's modules (a graph captured from one leaves the others eager)."""
+        return PointLoss(self.classifiers[str(point)], self.decoders[str(point)] if point > 0 else None)
 
 
 def check_points(backbone: CifarResNet, points) -> list[int]:
@@ -126,15 +149,45 @@ def frozen_features(backbone: CifarResNet, unit: torch.Tensor, points: list[int]
     return features | ({0: x} if 0 in points else {})
 
 
+STEPS = ("eager", "graphed")  # how a pass's steps run: `train_estimators`
+
+
+def cuda_graph(precision: str):
+    """The graphed step's capture: a module's forward and backward as CUDA graphs, under the pass's
+    autocast without its weight-cast cache (which a replay could not refresh)."""
+    def capture(module: nn.Module, sample: tuple) -> nn.Module:
+        with autocast(sample[0].device, precision, cache=False):
+            return torch.cuda.make_graphed_callables(module, sample)
+    return capture
+
+
+def captured(module: nn.Module, sample: tuple, graph) -> nn.Module:
+    """`graph(module, sample)` with the module's state put back afterwards: a capture first runs
+    warm-up iterations on the sample, which move BatchNorm's running statistics (the state is copied
+    back in place, where the graphs read it)."""
+    state = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    step = graph(module, sample)
+    with torch.no_grad():
+        for name, tensor in module.state_dict().items():
+            tensor.copy_(state[name])
+    return step
+
+
 def train_estimators(backbone: CifarResNet, train: Split, points: list[int], settings: RemainderSettings,
-                     log=print) -> Estimators:
+                     log=print, graph=None) -> Estimators:
     """Train every point's remainder (cross-entropy) and decoder (pixel BCE) on the frozen network's
-    features of augmented training images; the network must be in eval mode (see `estimate`)."""
+    features of augmented training images; the network must be in eval mode (see `estimate`).
+
+    With `graph` (`cuda_graph`, or a stand-in in tests), each point's loss is captured on the first
+    whole batch and replayed on every whole batch after it; the last, smaller batch of an epoch
+    runs eagerly, since a graph holds one shape."""
     device = train.images.device
     estimators = place(Estimators(backbone, points, settings.seed, train.images), device)
     optimizer = torch.optim.SGD(estimators.parameters(), lr=settings.lr, momentum=settings.momentum,
                                 nesterov=True, weight_decay=settings.weight_decay)
     estimators.train()
+    eager = {point: estimators.point_loss(point) for point in points}
+    whole_batch_steps = None if graph else eager
     for epoch in range(1, settings.epochs + 1):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(settings, epoch)
@@ -143,19 +196,23 @@ def train_estimators(backbone: CifarResNet, train: Split, points: list[int], set
         batches = shuffled_batches(len(train), settings.batch_size, generator)
         for index in batches:
             unit, y = augmented_batch(train.images[index], generator), train.labels[index]
-            optimizer.zero_grad(set_to_none=True)
             with autocast(device, settings.precision):
                 features = frozen_features(backbone, unit, points)
+            whole = len(index) == settings.batch_size
+            if whole and whole_batch_steps is None:
+                whole_batch_steps = {point: captured(estimators.point_loss(point), (features[point], unit, y), graph)
+                                     for point in points}
+            steps = whole_batch_steps if whole else eager
+            optimizer.zero_grad(set_to_none=True)
             for point in points:  # one backward per point frees its graph before the next is built
-                with autocast(device, settings.precision):
-                    h = features[point]
-                    loss = F.cross_entropy(estimators.classifiers[str(point)](h).float(), y)
-                    if point > 0:
-                        loss = loss + reconstruction_loss(estimators.decoders[str(point)](h), unit)
+                # No cast cache: each weight is cast once per step anyway, and a captured graph cannot keep one.
+                with autocast(device, settings.precision, cache=False):
+                    loss = steps[point](features[point], unit, y)
                 loss.backward()
                 loss_sum += loss.detach()
             optimizer.step()
-        log(f"    epoch {epoch}/{settings.epochs}: loss {loss_sum.item() / len(batches):.3f} "
+        estimators.epoch_losses.append(loss_sum.item() / len(batches))
+        log(f"    epoch {epoch}/{settings.epochs}: loss {estimators.epoch_losses[-1]:.3f} "
             f"(mean over batches of the sum over points)")
     return estimators.eval()
 
@@ -192,18 +249,30 @@ def in_paper_units(point: int, scores: dict, hy: float, baseline: float, floor: 
     return row
 
 
+def step_graph(step: str, device: torch.device, precision: str):
+    """The `graph` argument of `train_estimators` for `step` (one of STEPS)."""
+    if step not in STEPS:
+        raise InfoProError(f"unknown remainder step {step!r}; valid: {', '.join(STEPS)}")
+    if step == "graphed" and device.type != "cuda":
+        raise InfoProError(f"the graphed remainder step replays CUDA graphs; this pass runs on {device.type}")
+    return cuda_graph(precision) if step == "graphed" else None
+
+
 def estimate(backbone: CifarResNet, train: Split, test: Split, points, settings=RemainderSettings(),
-             log=print) -> list[dict]:
+             log=print, step: str = "eager") -> list[dict]:
     """One row per layer point (0: the image, the ceiling): the remainder's I(h,y) and the decoder's
     I(h,x), in the paper's units and in nats. The network is frozen in eval mode and checked to be
-    unchanged afterwards. Each row also says how many points shared the pass and how long it took
-    (`pass_points`, `pass_seconds`): what a network costs on the device, which plans the next ones."""
+    unchanged afterwards. Each row also says how many points shared the pass, how long it took and
+    how its steps ran (`pass_points`, `pass_seconds`, `pass_step`): what a network costs on the
+    device, which plans the next ones. The step is not a setting of the estimate: both run the same
+    kernels on the same numbers."""
     points = check_points(backbone, points)
+    graph = step_graph(step, train.images.device, settings.precision)
     began = time.perf_counter()
     with frozen(backbone):
-        estimators = train_estimators(backbone, train, points, settings, log)
+        estimators = train_estimators(backbone, train, points, settings, log, graph)
         scores = test_scores(backbone, estimators, test, settings.precision)  # its .tolist() waits for the device
-    cost = {"pass_points": len(points), "pass_seconds": time.perf_counter() - began}
+    cost = {"pass_points": len(points), "pass_seconds": time.perf_counter() - began, "pass_step": step}
     hy = -label_prior(train.labels, 10).log()[test.labels].mean().item()
     baseline, floor = null_input_baseline(train.images, test.images), image_entropy_floor(test.images)
     return [in_paper_units(point, scores[point], hy, baseline, floor, test.images[0].numel()) | cost

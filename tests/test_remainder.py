@@ -132,7 +132,68 @@ def test_a_point_does_not_depend_on_the_points_trained_beside_it(data):
     together = by_layer(estimate(net, train, test, [0, 1, 3], settings, log=lambda line: None))[3]
     assert (alone.pop("pass_points"), together.pop("pass_points")) == (1, 3)  # and what the pass cost
     assert alone.pop("pass_seconds") > 0 and together.pop("pass_seconds") > 0
+    assert alone.pop("pass_step") == together.pop("pass_step") == "eager"
     assert together == pytest.approx(alone, rel=1e-5)
+
+
+def test_the_graphed_step_captures_whole_batches_and_trains_the_same_numbers(data):
+    """CUDA graphs replay the kernels they captured, so what is checked here is the rest: each point is
+    captured once, on a whole batch, the last smaller batch of an epoch runs eagerly, and the capture's
+    warm-up iterations leave no trace (BatchNorm's running statistics and the gradients)."""
+    from infopro.probes import frozen
+    from infopro.remainder import train_estimators
+
+    train = Split(data[0].images[:130], data[0].labels[:130])  # batches of 50, 50 and 30
+    settings = RemainderSettings(epochs=2, batch_size=50, lr=0.1, warmup_epochs=0, precision="fp32")
+    torch.manual_seed(0)
+    net = CifarResNet(8).eval()
+    captures = []
+
+    def warm_up_only(module, sample):  # what a capture does besides capturing: warm-up steps on the sample
+        captures.append(len(sample[0]))
+        for _ in range(3):
+            module(*sample).backward()
+        return module
+
+    with frozen(net):
+        eager = train_estimators(net, train, [0, 2, 4], settings, log=lambda line: None)
+        graphed = train_estimators(net, train, [0, 2, 4], settings, log=lambda line: None, graph=warm_up_only)
+    assert captures == [50, 50, 50]
+    assert graphed.epoch_losses == eager.epoch_losses
+    for name, value in eager.state_dict().items():
+        assert torch.equal(graphed.state_dict()[name], value), name
+
+
+def test_the_graphed_step_needs_a_gpu_and_a_known_name(data):
+    train, test = data
+    with pytest.raises(InfoProError, match="replays CUDA graphs; this pass runs on cpu"):
+        estimate(CifarResNet(8), train, test, [1], FAST, step="graphed")
+    with pytest.raises(InfoProError, match="unknown remainder step 'fused'"):
+        estimate(CifarResNet(8), train, test, [1], FAST, step="fused")
+
+
+def test_the_step_measurement_times_each_mode_and_uses_only_one_that_agrees(data, monkeypatch):
+    import pandas as pd
+
+    import infopro.remainder_steps
+    from infopro.remainder_steps import fastest_step, measure_steps
+
+    def refused(module, sample):  # a capture this device refuses
+        raise RuntimeError("capture refused\nthe rest of the message")
+
+    monkeypatch.setattr(infopro.remainder_steps, "step_graph",
+                        lambda step, device, precision: refused if step == "graphed" else None)
+    train = data[0]
+    rows = measure_steps(CifarResNet(8).eval(), train, [1, 4], RemainderSettings(batch_size=100, precision="fp32"),
+                         log=lambda line: None)
+    failed, eager = rows
+    assert failed["step"] == "graphed" and failed["error"] == "RuntimeError: capture refused"
+    assert eager["agrees_with_eager"] and eager["measured_images"] == len(train) and eager["points"] == 2
+    assert eager["epoch_seconds"] > 0 and eager["loss_epoch1"] > 0 and fastest_step(pd.DataFrame(rows)) == "eager"
+    table = pd.DataFrame([dict(step="eager", epoch_seconds=10.0, agrees_with_eager=True),
+                          dict(step="graphed", epoch_seconds=4.0, agrees_with_eager=True)])
+    assert fastest_step(table) == "graphed"
+    assert fastest_step(table.assign(agrees_with_eager=[True, False])) == "eager"
 
 
 def test_the_frozen_network_is_unchanged(data):

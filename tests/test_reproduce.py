@@ -56,20 +56,25 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
                                     REMAINDER_START_MINUTES, point_work, remainder_minutes)
 
     mi, ceilings = tmp_path / "mutual_information.csv", tmp_path / "remainder_ceiling.csv"
+    bench = tmp_path / "bench"
     h100, every = "nvidia-h100-80gb-hbm3", list(range(1, 17))
-    assert remainder_minutes(mi, ceilings, h100, every) == REMAINDER_START_MINUTES  # no budget: refused at once
+
+    def minutes(gpu, points):
+        return remainder_minutes(mi, ceilings, bench, gpu, points)
+
+    assert minutes(h100, every) == REMAINDER_START_MINUTES  # no budget: refused at once
     ceiling = dict(run_id=REMAINDER_REFERENCE, layer=0, estimator="remainder", rem_epochs=30, within_2_points=True,
                    pass_points=1, pass_seconds=60.0, analysis_device="NVIDIA H100 80GB HBM3", rem_batch_size=512,
                    rem_lr=0.4, rem_warmup_epochs=2, rem_momentum=0.9, rem_weight_decay=5e-4, rem_precision="bf16",
                    rem_seed=0, ixy_paper=0.88, network_accuracy=0.89)
     pd.DataFrame([ceiling]).to_csv(ceilings, index=False)
     guessed = REMAINDER_MARGIN * GUESS_SECONDS_PER_WORK * 30 * 136 / 60 + 1  # nothing timed on that GPU
-    assert remainder_minutes(mi, ceilings, None, every) == remainder_minutes(mi, ceilings, "nvidia-a100", every)
-    assert remainder_minutes(mi, ceilings, "nvidia-a100", every) == pytest.approx(guessed)
+    assert minutes(None, every) == minutes("nvidia-a100", every)
+    assert minutes("nvidia-a100", every) == pytest.approx(guessed)
     # The ceiling: 2 s an epoch for point 0's 17 units; sixteen points are 136 units, eight ceilings.
     assert sum(map(point_work, every)) == 8 * point_work(0)
-    assert remainder_minutes(mi, ceilings, h100, every) == pytest.approx(REMAINDER_MARGIN * 8 * 2.0 * 30 / 60 + 1)
-    assert remainder_minutes(mi, ceilings, h100, [16]) == pytest.approx(REMAINDER_MARGIN * 2.0 / 17 * 30 / 60 + 1)
+    assert minutes(h100, every) == pytest.approx(REMAINDER_MARGIN * 8 * 2.0 * 30 / 60 + 1)
+    assert minutes(h100, [16]) == pytest.approx(REMAINDER_MARGIN * 2.0 / 17 * 30 / 60 + 1)
     greedy = [dict(run_id="greedy", layer=layer, estimator="remainder", rem_epochs=10, pass_points=3,
                    pass_seconds=90.0, analysis_device="NVIDIA H100 80GB HBM3") for layer in (1, 2, 3)]
     others = [dict(run_id="e2e", layer=1, estimator="remainder", rem_epochs=30, pass_points=1, pass_seconds=9000.0,
@@ -77,7 +82,34 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
               dict(run_id="e2e", layer=1, estimator="1c2f", analysis_device="NVIDIA H100 80GB HBM3")]
     pd.DataFrame(greedy + others).to_csv(mi, index=False)
     rate = 90.0 / 10 / (16 + 15 + 14)  # the H100 pass over points 1 to 3, per epoch and unit of work
-    assert remainder_minutes(mi, ceilings, h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * rate * 25 * 30 / 60 + 1)
+    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * rate * 25 * 30 / 60 + 1)
+    # Once graphed steps measured faster there, passes run graphed: planned at the measurement's rate (its
+    # pass over sixteen points: 136 units) until a graphed network pass is timed; eager passes no longer count.
+    bench.mkdir()
+    pd.DataFrame([dict(step="eager", points=16, epoch_seconds=40.8, agrees_with_eager=True),
+                  dict(step="graphed", points=16, epoch_seconds=13.6, agrees_with_eager=True)]).to_csv(
+        bench / f"remainder-steps-{h100}.csv", index=False)
+    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * 0.1 * 25 * 30 / 60 + 1)
+    graphed = [row | dict(run_id="greedy-graphed", pass_seconds=36.0, pass_step="graphed") for row in greedy]
+    pd.DataFrame(greedy + others + graphed).to_csv(mi, index=False)
+    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * 0.4 * rate * 25 * 30 / 60 + 1)
+
+
+def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_agreeing(tmp_path):
+    from experiments.stages import REMAINDER_REFERENCE
+
+    (tmp_path / "runs" / REMAINDER_REFERENCE).mkdir(parents=True)
+    (tmp_path / "runs" / REMAINDER_REFERENCE / "model.pt").touch()
+    (tmp_path / "bench").mkdir()
+    measured = pd.DataFrame([dict(step="eager", points=16, epoch_seconds=40.0, agrees_with_eager=True),
+                             dict(step="graphed", points=16, epoch_seconds=14.0, agrees_with_eager=False)])
+    for agrees, step in ((False, "eager"), (True, "graphed")):
+        measured.assign(agrees_with_eager=[True, agrees]).to_csv(tmp_path / "bench" / "remainder-steps-nvidia-h200.csv",
+                                                                 index=False)
+        plan = {stage.name: stage for stage in stages(tmp_path, ".data", "nvidia-h200")}
+        layers = plan["remainder:e2e-K1"].command(5.0)
+        assert plan["remainder-steps"].done() and layers[layers.index("--step") + 1] == step
+    assert not {stage.name: stage for stage in stages(tmp_path, ".data", "nvidia-h100")}["remainder-steps"].done()
 
 
 def test_a_remainder_stage_estimates_the_points_that_fit_and_continues_where_it_stopped(tmp_path):
@@ -424,17 +456,19 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     (partial / "metrics.csv").write_text("epoch\n1\n")
     (partial / "checkpoint.pt").touch()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
-    assert list(plan)[7:] == ["remainder-ceiling", "remainder:e2e-K1", "remainder:greedy-K4", "grid-jobs",
-                              "dgl-seed0", "table2-unfinished", "remainder:infopro-contrast-K2", "table2", "dgl",
-                              "bf16-twins", "table3-compiled"]
+    assert list(plan)[7:] == ["remainder-ceiling", "remainder-steps", "remainder:e2e-K1", "remainder:greedy-K4",
+                              "grid-jobs", "dgl-seed0", "table2-unfinished", "remainder:infopro-contrast-K2", "table2",
+                              "dgl", "bf16-twins", "table3-compiled"]
     unfinished = plan["table2-unfinished"].command(5.0)
     assert unfinished[unfinished.index("--only") + 1:] == ["cifar10-jpeg-resnet32-greedy-K2-s1"]
     layers = plan["remainder:greedy-K4"].command(5.0)
     assert layers[layers.index("--only") + 1] == "cifar10-jpeg-resnet32-greedy-K4-s0"
+    assert layers[layers.index("--step") + 1] == "eager"  # until graphed steps measured faster on this GPU
     # What a lease's call must carry for each (experiments.travel): the weights and checkpoints they start from.
     assert plan["remainder:greedy-K4"].reads() == [runs / "cifar10-jpeg-resnet32-greedy-K4-s0" / "model.pt"]
     assert plan["table2-unfinished"].reads() == plan["table2"].reads() == [partial / "checkpoint.pt"]
     assert plan["dgl-seed0"].reads() == plan["remainder-ceiling"].reads() == []
+    assert plan["remainder-steps"].reads() == [runs / REMAINDER_REFERENCE / "model.pt"]
     analysis = tmp_path / "analysis"
     analysis.mkdir()
     rows = pd.DataFrame({"run_id": "cifar10-jpeg-resnet32-greedy-K4-s0", "layer": range(1, 17), "estimator": "1c2f"})
