@@ -224,7 +224,7 @@ def measured_seconds_per_work(bench: Path, gpu: str, step: str) -> float | None:
     """Seconds per epoch and unit of `point_work` of the step measurement's pass in `step` mode (every
     layer point of one network), or None."""
     table = steps_table(bench, gpu)
-    rows = None if table is None else table[table["step"] == step]
+    rows = None if table is None else table[(table["step"] == step) & table["epoch_seconds"].notna()]
     if rows is None or rows.empty:
         return None
     row = rows.iloc[-1]
