@@ -136,14 +136,17 @@ def update_csv(path, read: Callable[[Path], pd.DataFrame],
     return table
 
 
-def read_table(path, remedy: str, columns: tuple[str, ...] = (), rows=None, **options) -> pd.DataFrame:
+def read_table(path, remedy: str, columns: tuple[str, ...] = (), rows=None, may_be_blank: tuple[str, ...] = (),
+               **options) -> pd.DataFrame:
     """A CSV this repository wrote, as a table (`options` go to pandas); with `rows` (table -> table),
     only the rows its reader keeps, e.g. a benchmark's measured ones, whose failed methods' rows hold
     nothing but their error.
 
     An empty, garbled or cut file, or one whose kept rows lack the `columns` its reader needs, or
     leave one of them blank, is one line naming it and `remedy`: otherwise the reader would fail
-    deep inside a figure or an analysis, or draw a garbled row. No row kept: an empty table.
+    deep inside a figure or an analysis, or draw a garbled row. No row kept: an empty table. The
+    columns `may_be_blank` must be there but may be blank: a reader that keeps a failed
+    measurement's row (its time blank) to know what failed.
     """
     try:
         table = pd.read_csv(path, **options)
@@ -153,7 +156,7 @@ def read_table(path, remedy: str, columns: tuple[str, ...] = (), rows=None, **op
         table = rows(table)
         if table.empty:
             return table
-    if missing := [column for column in columns if column not in table.columns]:
+    if missing := [column for column in (*columns, *may_be_blank) if column not in table.columns]:
         raise DataError(f"{path} lacks the column{'s' * (len(missing) > 1)} {', '.join(missing)}; {remedy}")
     blank = table[list(columns)].isna()
     if blank.any(axis=None):

@@ -96,7 +96,7 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
 
 
 def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_agreeing(tmp_path):
-    from experiments.stages import REMAINDER_REFERENCE
+    from experiments.stages import REMAINDER_REFERENCE, measured_seconds_per_work
 
     (tmp_path / "runs" / REMAINDER_REFERENCE).mkdir(parents=True)
     (tmp_path / "runs" / REMAINDER_REFERENCE / "model.pt").touch()
@@ -110,6 +110,10 @@ def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_
         layers = plan["remainder:e2e-K1"].command(5.0)
         assert plan["remainder-steps"].done() and layers[layers.index("--step") + 1] == step
     assert not {stage.name: stage for stage in stages(tmp_path, ".data", "nvidia-h100")}["remainder-steps"].done()
+    failed = measured.assign(epoch_seconds=[40.0, float("nan")], error=[None, "RuntimeError: capture refused"])
+    failed.to_csv(tmp_path / "bench" / "remainder-steps-nvidia-h200.csv", index=False)
+    assert measured_seconds_per_work(tmp_path / "bench", "nvidia-h200", "graphed") is None  # a failed mode has no rate
+    assert measured_seconds_per_work(tmp_path / "bench", "nvidia-h200", "eager") == pytest.approx(40.0 / 136)
 
 
 def test_a_remainder_stage_estimates_the_points_that_fit_and_continues_where_it_stopped(tmp_path):
@@ -210,6 +214,10 @@ def test_the_grids_train_in_the_fastest_step_mode_the_gpus_epoch_benchmark_measu
         row["epoch_seconds"] *= 0.5 if row["mode"] == "compiled" else 1
     pd.DataFrame(rows).to_csv(bench / "epoch-resnet32-nvidia-h100.csv", index=False)
     assert step_of("table2") == step_of("grid-jobs") == "compiled"
+    # A mode that failed on one configuration keeps its row, with no time: never trained in, and no refusal.
+    rows[-1] |= {"epoch_seconds": float("nan"), "error": "RuntimeError: inductor ran out of memory"}
+    pd.DataFrame(rows).to_csv(bench / "epoch-resnet32-nvidia-h100.csv", index=False)
+    assert plan["epoch-bench"].done() and step_of("table2") == "eager"
 
 
 def test_retime_is_done_once_the_gpus_step_table_has_a_twin_timing_every_method(tmp_path):
