@@ -35,15 +35,34 @@ def results_copy(tmp_path_factory):
     return copy
 
 
-def test_every_column_the_gpu_only_csvs_will_hold_is_documented():
-    """The idle CSV, the allocator counts and the remainder estimator's rows are written on a GPU only,
-    so the test that reads every committed column cannot see them before a lease commits them: check
-    their names here."""
+def remainder_step_columns(monkeypatch) -> set[str]:
+    """The columns of remainder-steps-<gpu>.csv, from a tiny CPU measurement whose graphed mode fails
+    (its row then holds `error`)."""
+    import infopro.remainder_steps
+    from infopro.data import synthetic_splits
+    from infopro.models import CifarResNet
+
+    def refused(module, sample):
+        raise RuntimeError("no CUDA graphs on a CPU")
+
+    monkeypatch.setattr(infopro.remainder_steps, "step_graph",
+                        lambda step, device, precision: refused if step == "graphed" else None)
+    train, _ = synthetic_splits(100, 10)
+    rows = infopro.remainder_steps.measure_steps(CifarResNet(8).eval(), train, [4], RemainderSettings(batch_size=50),
+                                                 log=lambda line: None)
+    return {key for row in rows for key in row}
+
+
+def test_every_column_the_gpu_only_csvs_will_hold_is_documented(monkeypatch):
+    """The idle CSV, the allocator counts, the remainder estimator's rows and its step measurement are
+    written on a GPU only, so the test that reads every committed column cannot see them before a
+    lease commits them: check their names here."""
     idle = gpu_idle([Span("a", 0, 10, 1), Span("b", 15, 20, 2)], [Span("cudaLaunchKernel", 12, 13, 2)], steps=1)
     names = set(idle) | {"error"} | {f"{key}_in_timed_steps" for key in allocator_calls(torch.device("cpu"))}
     scores = {"accuracy": 0.5, "cross_entropy": 1.0, "bce": 0.6}
     names |= set(in_paper_units(1, scores, 2.3, 0.7, 0.5, 3072)) | set(RemainderSettings().as_columns())
-    names |= {"pass_points", "pass_seconds", "network_accuracy", "within_2_points"}
+    names |= {"pass_points", "pass_seconds", "pass_step", "network_accuracy", "within_2_points"}
+    names |= remainder_step_columns(monkeypatch)
     documented = (RESULTS / "README.md").read_text()
     assert sorted(name for name in names if f"`{name}`" not in documented) == []
 
