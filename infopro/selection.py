@@ -9,6 +9,7 @@ import pandas as pd
 
 from infopro.bench_methods import WHOLE_NETWORK
 from infopro.errors import InfoProError
+from infopro.splits import num_layer_points
 
 ANALYSIS_FIGURE_ARCH = "resnet32"  # the network of the paper's analysis figure (results/reference/analysis_figure.csv)
 
@@ -72,13 +73,11 @@ PAPER_FIGURE_NETWORKS = (("e2e", 1), ("greedy", 2), ("greedy", 4), ("greedy", 8)
 
 
 def complete_networks(mi: pd.DataFrame, estimator: str) -> set:
-    """(method, K) of the runs whose `estimator` rows cover every layer point the run has rows at.
-    The remainder estimator's points of one network arrive over several GPU calls, layer 1 first."""
-    rows = with_method(mi)
-    points = rows.groupby("run_id")["layer"].nunique()
-    own = rows[rows["estimator"] == estimator]
-    covered = own.groupby("run_id")["layer"].nunique()
-    complete = covered[covered == points[covered.index]].index
+    """(method, K) of the runs whose `estimator` rows cover every layer point of their network. The
+    remainder estimator's points of one network arrive over several GPU calls, layer 1 first."""
+    own = with_method(mi[mi["estimator"] == estimator])
+    runs = own.groupby("run_id").agg(arch=("arch", "first"), covered=("layer", "nunique"))
+    complete = runs.index[runs["covered"] == runs["arch"].map(num_layer_points)]
     return set(own.loc[own["run_id"].isin(complete), ["method", "K"]].itertuples(index=False, name=None))
 
 

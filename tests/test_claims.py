@@ -138,6 +138,8 @@ def test_fig10_and_the_input_claim_switch_to_the_remainder_once_it_covers_the_pa
     greedy = {("greedy", K): [0.8] * 16 for K in PAPER_KS}
     partial = with_remainder({("e2e", 1): [0.9] * 16, **greedy, ("greedy", 16): [0.8] * 5})
     assert default_estimator(partial) == "1c2f"
+    first_points = layer_rows("ixy_paper", {network: [0.8] * 5 for network in [("e2e", 1), *greedy]}, "remainder")
+    assert default_estimator(first_points) == "1c2f"  # 5 of a ResNet-32's 16 points, though no 1c2f row says so
     assert "1c2f estimator" in input_lost_early(partial, IXY_REFERENCE)["test"]
     complete = pd.concat([partial, layer_rows("ixy_paper", {("greedy", 16): [0.8] * 16}, "remainder")])
     complete = complete.drop_duplicates(["run_id", "estimator", "layer"], keep="last").assign(ixx_paper=0.4)
