@@ -9,6 +9,7 @@ when a result does. A verdict is `holds`, `partly` (holds at some K only), `does
 import pandas as pd
 
 from infopro.selection import default_estimator, figure_rows, with_method
+from infopro.splits import num_layer_points
 from infopro.style import LOCAL_METHODS, METHODS
 
 PAPER_KS = (2, 4, 8, 16)
@@ -193,9 +194,10 @@ IXY_UNITS = "test accuracy of the remainder"
 def remainder_rows(mi: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """The remainder estimator's rows of the paper's recipe (I(h,y) in the paper's units, `ixy_paper`;
     none before a GPU ran it), and how many layer points the network has."""
-    rows = with_method(figure_rows(mi)[0])
+    rows = with_method(figure_rows(mi)[0])  # of one network: the figures' (`selection.main_recipe`)
     remainder = rows[rows["estimator"] == "remainder"]
-    return (remainder if "ixy_paper" in remainder else remainder.assign(ixy_paper=float("nan"))), rows["layer"].max()
+    points = num_layer_points(rows["arch"].iloc[0])
+    return (remainder if "ixy_paper" in remainder else remainder.assign(ixy_paper=float("nan"))), points
 
 
 def curve(rows: pd.DataFrame, method: str, K: int, value: str = "ixy_paper") -> pd.Series:

@@ -93,6 +93,9 @@ def test_the_label_information_claims_wait_for_every_layer_point_of_the_remainde
         "pending: remainder layer points so far (of 16): E2E 5"
     assert greedy_loses_label_information(first_points, IXY_REFERENCE)["verdict"] == \
         "pending: remainder layer points so far (of 16): E2E 5; Greedy SL K = 2: 0, 4: 0, 8: 0, 16: 0"
+    alone = layer_rows("ixy_paper", {("e2e", 1): [0.9] * 5}, "remainder")  # no 1c2f row to count the points by
+    assert e2e_keeps_label_information(alone, IXY_REFERENCE)["verdict"] == \
+        "pending: remainder layer points so far (of 16): E2E 5"
 
 
 def test_e2e_must_stay_within_two_points_across_depth():
