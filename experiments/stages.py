@@ -336,7 +336,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                       measured,
                       lambda left: remainder + ["steps", "--reference", REMAINDER_REFERENCE, "--runs", str(runs),
                                                 "--out", str(bench), *root],
-                      minutes=2,  # unmeasured: the data, two epochs of 10,240 images in each mode, sixteen captures
+                      minutes=2,  # unmeasured: the data, two epochs of 10,500 images in each mode, sixteen captures
                       reads=lambda: [weights])] if weights.is_file() else []
 
     return [
