@@ -23,7 +23,6 @@ with CUDA-graphed ones, side by side on a GPU, and writes results/bench/remainde
 """
 
 from dataclasses import replace
-from pathlib import Path
 
 from analysis.probe import layer_list
 from infopro.analysis import (analyse_runs, chosen_epochs, measure_ceilings, remainder_run, remainder_settings,
@@ -35,14 +34,10 @@ from infopro.device import resolve_device
 from infopro.errors import InfoProError
 from infopro.records import check_writable, write_csv
 from infopro.remainder import STEPS, RemainderSettings
+from infopro.remainder_steps import steps_csv
 from infopro.runs import Run, finished_runs
 
 CEILINGS = "results/analysis/remainder_ceiling.csv"
-
-
-def steps_csv(out, device) -> Path:
-    """Where `steps` writes its rows: results/bench/remainder-steps-<gpu>.csv."""
-    return Path(out) / f"remainder-steps-{device_slug(device)}.csv"
 
 
 def settings_from(args) -> RemainderSettings:
@@ -93,8 +88,9 @@ def main(argv=None):
     if args.command == "steps":
         check_writable(args.out)
         rows = remainder_steps_run(reference_run(args.runs, args.reference), settings, device, args.data_root)
-        write_csv(steps_csv(args.out, device), rows)
-        print(f"wrote {steps_csv(args.out, device)}")
+        path = steps_csv(args.out, device_slug(device))
+        write_csv(path, rows)
+        print(f"wrote {path}")
         return
     if args.command == "ceiling":
         chosen = measure_ceilings(reference_run(args.runs, args.reference), args.candidates, args.ceilings, settings,

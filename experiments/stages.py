@@ -31,7 +31,7 @@ from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, fastest_mode, method
 from infopro.errors import InfoProError
 from infopro.grid import get_grid, run_state, run_status, status_summary
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
-from infopro.remainder_steps import fastest_step
+from infopro.remainder_steps import fastest_step, steps_csv
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
@@ -208,7 +208,7 @@ def seconds_per_work(table: Path, gpu: str, step: str = "eager") -> float | None
 
 def steps_table(bench: Path, gpu: str | None):
     """The remainder step measurement of `gpu` (`analysis.remainder steps`), or None."""
-    path = bench / f"remainder-steps-{gpu}.csv"
+    path = steps_csv(bench, gpu)
     return read_table(path, "delete it to measure the remainder steps again", ("step", "points", "agrees_with_eager"),
                       may_be_blank=("epoch_seconds",)) if gpu and path.is_file() else None
 
@@ -330,7 +330,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
         """The remainder passes' step mode, timed on E2E's network where its weights are here."""
         weights = runs / REMAINDER_REFERENCE / "model.pt"
         measured = (lambda: steps_table(bench, gpu) is not None) if gpu else (
-            lambda: bool(gpu_files(bench, "remainder-steps-*.csv")))
+            lambda: bool(gpu_files(bench, steps_csv(bench, "*").name)))
         return [Stage("remainder-steps", "seconds per epoch of a remainder pass over E2E's layer points, eager "
                                          "against CUDA-graphed steps (the passes after it take the faster that agrees)",
                       measured,

@@ -12,6 +12,7 @@ and is never used.
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 
@@ -25,6 +26,11 @@ from infopro.remainder import STEPS, RemainderSettings, step_graph, train_estima
 MEASURED_IMAGES = 10500
 MEASURED_EPOCHS = 2
 AGREEMENT = 0.02  # relative: the same kernels on the same numbers, up to cuDNN choosing other algorithms
+
+
+def steps_csv(folder, slug: str) -> Path:
+    """Where a GPU's measurement goes: <folder>/remainder-steps-<slug>.csv (`slug`: the device's, or * for any)."""
+    return Path(folder) / f"remainder-steps-{slug}.csv"
 
 
 def timed_epochs(backbone, train: Split, points: list[int], settings: RemainderSettings, graph) -> dict:
@@ -47,14 +53,17 @@ def measure_steps(backbone, train: Split, points: list[int], settings=RemainderS
     device = train.images.device
     graphs = {step: step_graph(step, device, settings.precision) for step in steps}  # refused before any work
     measured, rows = {}, []
+
+    def row_of(step: str) -> dict:
+        return {"step": step, "points": len(points), "measured_images": len(subset)} | settings.as_columns()
+
     for step, graph in graphs.items():
         try:
             measured[step] = timed_epochs(backbone, subset, points, budget, graph)
         except Exception as failure:  # a capture this GPU refuses: a finding; the passes then stay eager
             if graph is None:
                 raise
-            rows.append({"step": step, "points": len(points), "measured_images": len(subset),
-                         "agrees_with_eager": False} | failed_measurement(failure, str(device)) | settings.as_columns())
+            rows.append(row_of(step) | {"agrees_with_eager": False} | failed_measurement(failure, str(device)))
             log(f"{step}: failed, {rows[-1]['error']}")
         else:
             log(f"{step}: {measured[step]['seconds'][-1]:.2f} s for an epoch of {len(subset)} images")
@@ -63,11 +72,10 @@ def measure_steps(backbone, train: Split, points: list[int], settings=RemainderS
         pace = result["seconds"][-1]
         agrees = reference is None or all(abs(loss - eager) <= AGREEMENT * abs(eager)
                                           for loss, eager in zip(result["losses"], reference["losses"]))
-        rows.append({"step": step, "points": len(points), "measured_images": len(subset),
-                     "epoch_seconds": pace * len(train) / len(subset),
-                     "first_epoch_extra_seconds": result["seconds"][0] - pace,
-                     "loss_epoch1": result["losses"][0], "loss_epoch2": result["losses"][1],
-                     "agrees_with_eager": agrees} | settings.as_columns() | provenance(device))
+        rows.append(row_of(step) | {"epoch_seconds": pace * len(train) / len(subset),
+                                    "first_epoch_extra_seconds": result["seconds"][0] - pace,
+                                    "loss_epoch1": result["losses"][0], "loss_epoch2": result["losses"][1],
+                                    "agrees_with_eager": agrees} | provenance(device))
     return rows
 
 
