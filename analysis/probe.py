@@ -12,22 +12,26 @@ paper's recipe (50,000 training images); on a GPU not yet measured.
 """
 
 
-from infopro.analysis import analyse_runs, probe_run, probe_settings
+from infopro.analysis import KEY_POINTS, analyse_runs, probe_run, probe_settings
 from infopro.cli import ArgumentParser, at_least, run
 from infopro.device import resolve_device
 from infopro.probes import DEFAULT_L2, check_l2, check_pool
 from infopro.runs import finished_runs
 
 
-def layer_list(text: str) -> list[int]:
-    return [int(item) for item in text.split(",")]
+def layer_list(text: str) -> list[int] | str:
+    """--layers: comma-separated layer points, or "key" (each run's layer 1, module ends and last layer)."""
+    return KEY_POINTS if text == KEY_POINTS else [int(item) for item in text.split(",")]
+
+
+LAYERS_HELP = "layer points L1,L2,... or 'key': layer 1, each run's module ends and its last (default: all)"
 
 
 def common_arguments(p: ArgumentParser):
     """Options shared by the per-layer analyses (probes and mutual information)."""
     p.add_argument("--runs", default="results/runs", help="folder searched for finished runs")
     p.add_argument("--only", nargs="+", metavar="TEXT", help="analyse only runs whose id contains TEXT")
-    p.add_argument("--layers", type=layer_list, metavar="L1,L2", help="layer points (default: all)")
+    p.add_argument("--layers", type=layer_list, metavar="L1,L2", help=LAYERS_HELP)
     p.add_argument("--train-subset", type=at_least(1), metavar="N", help="use N of each run's training images")
     p.add_argument("--test-subset", type=at_least(1), metavar="N", help="use N of each run's test images")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))

@@ -13,7 +13,10 @@ each run. What the paper's figure shows for greedy SL: I(h,y) falls at the first
 not regained; for E2E it stays level from the stem on. Cost: the sixteen remainders of a ResNet-32
 are about eight ResNet-32s of work per batch, so one network takes about eight times a ResNet-32
 trained alone for the same epochs (about 7.7 min for 30 epochs on an H200, 18 h on 2 CPU cores);
-`--layers` estimates some points, and a later call the rest.
+`--layers` estimates some points, and a later call the rest. `--layers key` estimates layer 1, the
+module ends and the last layer, where the paper's argument is read (every layer of E2E, the
+reference at each K's module ends): a fifth of the work at K = 2, a third at K = 4, three
+fifths at K = 8.
 
     python -m analysis.remainder steps --reference cifar10-jpeg-resnet32-e2e-K1-s0
 
@@ -24,7 +27,7 @@ with CUDA-graphed ones, side by side on a GPU, and writes results/bench/remainde
 
 from dataclasses import replace
 
-from analysis.probe import layer_list
+from analysis.probe import LAYERS_HELP, layer_list
 from infopro.analysis import (analyse_runs, chosen_epochs, measure_ceilings, remainder_run, remainder_settings,
                               remainder_steps_run)
 from infopro.bench import device_slug
@@ -54,7 +57,7 @@ def parse_args(argv=None):
     ceiling.add_argument("--candidates", type=at_least(1), nargs="+", default=[defaults.epochs], metavar="EPOCHS")
     layers = commands.add_parser("layers", help="I(h,y) and I(h,x) at every layer point of each run")
     layers.add_argument("--only", nargs="+", metavar="TEXT", help="estimate only runs whose id contains TEXT")
-    layers.add_argument("--layers", type=layer_list, metavar="L1,L2", help="layer points (default: all)")
+    layers.add_argument("--layers", type=layer_list, metavar="L1,L2", help=LAYERS_HELP)
     layers.add_argument("--epochs", type=at_least(1), help="budget (default: the shortest whose ceiling passed)")
     layers.add_argument("--force", action="store_true", help="redo runs already in the CSV")
     layers.add_argument("--out", default="results/analysis/mutual_information.csv")

@@ -9,11 +9,13 @@ the input pipeline, module-parallel throughput, the max-batch search, the profil
 re-timing), then the project's order of training and analysis: the remainder estimator's budget
 and its estimates of the seed-0 E2E and greedy SL networks (the paper's figure), how many
 trainings at once fill the GPU (the grid's --jobs, measured just before the grids), DGL's seed-0
-row, the unfinished runs of Table 2, the other seed-0 networks' estimates, the remaining seeds of
-Table 2 and DGL, then bf16 twins of two fp32 runs (evidence before bf16 trains any grid) and
-Table 3's steps timed compiled, as the grids train. A lent machine is lost with everything on it,
-so a call can pack what it wrote (`pack`) for the way back. The other analyses of finished runs
-(probes, the 1c2f estimates) run on a CPU as well (`make probes mutual-info figures tables`).
+row, the unfinished runs of Table 2, the other seed-0 networks' estimates (each network's key
+layer points first: layer 1, its module ends and its last; the points between module ends after
+every network's key points), the remaining seeds of Table 2 and DGL, then bf16 twins of two fp32
+runs (evidence before bf16 trains any grid) and Table 3's steps timed compiled, as the grids train.
+A lent machine is lost with everything on it, so a call can pack what it wrote (`pack`) for the way
+back. The other analyses of finished runs (probes, the 1c2f estimates) run on a CPU as well (`make
+probes mutual-info figures tables`).
 """
 
 import sys
@@ -32,6 +34,7 @@ from infopro.errors import InfoProError
 from infopro.grid import get_grid, run_state, run_status, status_summary
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
 from infopro.remainder_steps import fastest_step, steps_csv
+from infopro.splits import key_layer_points
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
@@ -249,18 +252,25 @@ def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, po
     return REMAINDER_MARGIN * rate * epochs * sum(map(point_work, points)) / 60 + REMAINDER_START_MINUTES
 
 
-def missing_points(mi: Path, run_id: str) -> list[int]:
-    """The layer points of `run_id` without a remainder row in mutual_information.csv, in order."""
+def missing_points(mi: Path, run_id: str, points: list[int]) -> list[int]:
+    """The layer `points` of `run_id` without a remainder row in mutual_information.csv, in order."""
     table = read_table(mi, "restore it from git", ("run_id", "layer", "estimator")) if mi.is_file() else None
     done = set() if table is None else set(table.loc[(table["run_id"] == run_id)
                                                      & (table["estimator"] == "remainder"), "layer"])
-    return [layer for layer in range(1, REMAINDER_POINTS + 1) if layer not in done]
+    return [layer for layer in points if layer not in done]
 
 
-def points_progress(missing: list[int]) -> list[str]:
-    """A line for a network whose remainder points are partly estimated (none otherwise)."""
-    done = REMAINDER_POINTS - len(missing)
-    return [f"{done} of {REMAINDER_POINTS} layer points estimated"] if 0 < done < REMAINDER_POINTS else []
+def points_progress(missing: list[int], points: list[int]) -> list[str]:
+    """A line for a network whose remainder `points` are partly estimated (none otherwise)."""
+    done = len(points) - len(missing)
+    return [f"{done} of {len(points)} layer points estimated"] if 0 < done < len(points) else []
+
+
+def network_points(network: str) -> tuple[list[int], list[int]]:
+    """A seed-0 ResNet-32 network's (key layer points, the points between them), e.g. for "greedy-K4":
+    ([1, 4, 8, 12, 16], [2, 3, 5, ...]); E2E's key points are all of them (`splits.key_layer_points`)."""
+    key = key_layer_points("resnet32", int(network.rsplit("-K", 1)[1]))
+    return key, [layer for layer in range(1, REMAINDER_POINTS + 1) if layer not in key]
 
 
 def points_that_fit(points: list[int], minutes: Callable[[list[int]], float], left: float) -> list[int]:
@@ -311,20 +321,34 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
     def pass_minutes(points: list[int]) -> float:
         return remainder_minutes(mi, ceilings, bench, gpu, points)
 
-    def remainder_stages(networks: tuple[str, ...]) -> list[Stage]:
-        """One stage per seed-0 network, so that a call packs after each (`run_stages`'s `after`); each
-        call estimates the points of it that fit (`points_that_fit`)."""
-        ids = [f"{GRID_DATASET}-resnet32-{network}-s0" for network in networks]
-        return [Stage(f"remainder:{network}", f"I(h,y), I(h,x) in the paper's units at every layer of {run_id}",
-                      lambda run_id=run_id: not missing_points(mi, run_id),
-                      lambda left, run_id=run_id: remainder + ["layers", "--only", run_id, "--layers", ",".join(
-                          map(str, points_that_fit(missing_points(mi, run_id), pass_minutes, left))),
-                          "--runs", str(runs), "--ceilings", str(ceilings), "--out", str(mi),
-                          "--step", remainder_step(bench, gpu), *root],
-                      minutes=lambda run_id=run_id: pass_minutes(missing_points(mi, run_id)[:1]),
-                      progress=lambda run_id=run_id: points_progress(missing_points(mi, run_id)),
-                      reads=lambda run_id=run_id: [runs / run_id / "model.pt"])
-                for network, run_id in zip(networks, ids) if (runs / run_id / "model.pt").is_file()]
+    def remainder_stage(name: str, what: str, run_id: str, points: list[int]) -> Stage:
+        """The remainder estimator on the layer `points` of `run_id`: each call estimates those of them
+        that fit (`points_that_fit`), and packs after (`run_stages`'s `after`)."""
+        def missing():
+            return missing_points(mi, run_id, points)
+        return Stage(name, f"I(h,y), I(h,x) in the paper's units at {what} of {run_id}", lambda: not missing(),
+                     lambda left: remainder + ["layers", "--only", run_id, "--layers", ",".join(
+                         map(str, points_that_fit(missing(), pass_minutes, left))),
+                         "--runs", str(runs), "--ceilings", str(ceilings), "--out", str(mi),
+                         "--step", remainder_step(bench, gpu), *root],
+                     minutes=lambda: pass_minutes(missing()[:1]), progress=lambda: points_progress(missing(), points),
+                     reads=lambda: [runs / run_id / "model.pt"])
+
+    def remainder_stages(networks: tuple[str, ...], between: bool = False) -> list[Stage]:
+        """One stage per seed-0 network with weights here: its key layer points (`network_points`), or,
+        with `between`, the points between them, which the paper's claims are not read at."""
+        made = []
+        for network in networks:
+            run_id, (key, rest) = f"{GRID_DATASET}-resnet32-{network}-s0", network_points(network)
+            if not (runs / run_id / "model.pt").is_file():
+                continue
+            if not between:
+                what = "layer 1, the module ends and layer 16" if rest else "every layer"
+                made.append(remainder_stage(f"remainder:{network}", what, run_id, key))
+            elif rest:
+                made.append(remainder_stage(f"remainder-between:{network}", "the layers between module ends", run_id,
+                                            rest))
+        return made
 
     def remainder_steps_stage() -> list[Stage]:
         """The remainder passes' step mode, timed on E2E's network where its weights are here."""
@@ -399,6 +423,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
         grid_stage("dgl-seed0", DGL_GRID, seeds=(0,)),
         *([grid_stage("table2-unfinished", GRID, only=unfinished)] if unfinished else []),
         *remainder_stages(REMAINDER_LATER),
+        *remainder_stages(REMAINDER_FIRST + REMAINDER_LATER, between=True),
         grid_stage("table2", GRID),
         grid_stage("dgl", DGL_GRID),
         grid_stage("bf16-twins", BF16_GRID),

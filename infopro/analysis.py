@@ -27,7 +27,7 @@ from infopro.records import check_writable, device_name, git_state, read_table, 
 from infopro.remainder import RemainderSettings, ceiling_within, estimate
 from infopro.remainder_steps import measure_steps
 from infopro.runs import Run
-from infopro.splits import num_layer_points
+from infopro.splits import key_layer_points, num_layer_points
 
 
 def run_splits(run: Run, train_subset, test_subset, device, data_root):
@@ -193,15 +193,21 @@ def chosen_epochs(csv_path, settings=RemainderSettings()) -> int:
     return int(good["rem_epochs"].min())
 
 
+KEY_POINTS = "key"  # `layers` of every run: its own `splits.key_layer_points`
+
+
 def all_layers(run: Run) -> list[int]:
     return list(range(1, num_layer_points(run.config.arch) + 1))
 
 
-def wanted_layers(run: Run, layers: list[int] | None) -> list[int]:
-    """`layers` (default: all) checked against the run's network before any work on it."""
+def wanted_layers(run: Run, layers: list[int] | str | None) -> list[int]:
+    """`layers` (default: all; KEY_POINTS: layer 1, the run's module ends and its last layer) checked
+    against the run's network before any work on it."""
     valid = all_layers(run)
     if layers is None:
         return valid
+    if layers == KEY_POINTS:
+        return key_layer_points(run.config.arch, run.config.K, run.config.split)
     if outside := sorted(set(layers) - set(valid)):
         raise InfoProError(f"{run.run_id}: layer points must lie in 1..{valid[-1]}, got {outside}")
     return layers
@@ -209,7 +215,7 @@ def wanted_layers(run: Run, layers: list[int] | None) -> list[int]:
 
 def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *, force: bool = False,
                  log=print) -> pd.DataFrame:
-    """Apply `analyse(run, layers) -> rows` to the layers (default: all) not yet in the CSV.
+    """Apply `analyse(run, layers) -> rows` to the layers (`wanted_layers`) not yet in the CSV.
 
     A layer counts as done when the CSV holds its row for the run with `settings_of(run)`;
     `force` redoes them. New rows replace old ones for the same run, settings and layer.

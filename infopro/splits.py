@@ -70,6 +70,18 @@ def num_layer_points(arch: str) -> int:
     return 3 * blocks_per_stage(arch) + 1
 
 
+def key_layer_points(arch: str, K: int, split: str = "paper") -> list[int]:
+    """The layer points a per-layer analysis of a K-module network reads its story at: the first, every
+    module end and the last; for E2E (K = 1) every point, as E2E is the reference at each K's module ends.
+
+    Why a subset: the remainder estimator costs GPU-minutes per point, most for the early ones, and the
+    paper's argument on I(h,y) (lost at the first module end, never regained) is read at these points."""
+    last = num_layer_points(arch)
+    if K == 1:
+        return list(range(1, last + 1))
+    return sorted({1, *module_ends(arch, K, split), last})
+
+
 def split_kinds(arch: str) -> list[str]:
     return [kind for a, kind in PAPER_SPLITS if a == arch]
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from infopro.errors import InfoProError
 from infopro.local import AuxHead, Decoder, upsample
 from infopro.models import build_backbone
-from infopro.splits import loss_weights, module_ends
+from infopro.splits import key_layer_points, loss_weights, module_ends
 
 
 def test_resnet32_parameter_count_and_layer_points():
@@ -52,6 +52,14 @@ def test_custom_splits_and_their_errors():
                               (5, "paper", "no paper split table"), (3, "balanced", "no balanced split")]:
         with pytest.raises(InfoProError, match=message):
             module_ends("resnet32", K, split)
+
+
+def test_key_layer_points_are_the_first_the_module_ends_and_the_last_but_every_point_of_e2e():
+    assert key_layer_points("resnet32", 1) == list(range(1, 17))
+    assert key_layer_points("resnet32", 2) == [1, 8, 16]
+    assert key_layer_points("resnet32", 16) == list(range(1, 17))
+    assert key_layer_points("resnet110", 4, "balanced") == [1, *module_ends("resnet110", 4, "balanced"), 55]
+    assert key_layer_points("resnet32", 3, "1,9") == [1, 9, 16]  # a module end at layer 1 counts once
 
 
 def test_loss_weights_interpolate_linearly_between_first_and_last_module():

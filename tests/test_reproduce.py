@@ -450,9 +450,9 @@ def test_cli_refuses_a_part_size_that_is_not_positive(tmp_path):
 
 def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_rows(tmp_path):
     """The ceiling first; E2E and greedy SL of seed 0 before DGL's seed 0, the unfinished runs of
-    Table 2 before the other methods' estimates, those before the rest of the grid's seeds; a
-    network's stage is done once every layer point has its remainder row, the ceiling once a
-    candidate passed."""
+    Table 2 before the other methods' estimates, the points between module ends after every
+    network's key points, and all before the rest of the grid's seeds; a network's stage is done
+    once each of its points has its remainder row, the ceiling once a candidate passed."""
     from experiments.stages import REMAINDER_REFERENCE
 
     runs = tmp_path / "runs"
@@ -465,12 +465,16 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     (partial / "checkpoint.pt").touch()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
     assert list(plan)[7:] == ["remainder-ceiling", "remainder-steps", "remainder:e2e-K1", "remainder:greedy-K4",
-                              "grid-jobs", "dgl-seed0", "table2-unfinished", "remainder:infopro-contrast-K2", "table2",
-                              "dgl", "bf16-twins", "table3-compiled"]
+                              "grid-jobs", "dgl-seed0", "table2-unfinished", "remainder:infopro-contrast-K2",
+                              "remainder-between:greedy-K4", "remainder-between:infopro-contrast-K2", "table2",
+                              "dgl", "bf16-twins", "table3-compiled"]  # E2E's key points are all its points
     unfinished = plan["table2-unfinished"].command(5.0)
     assert unfinished[unfinished.index("--only") + 1:] == ["cifar10-jpeg-resnet32-greedy-K2-s1"]
-    layers = plan["remainder:greedy-K4"].command(5.0)
+    layers = plan["remainder:greedy-K4"].command(100.0)
     assert layers[layers.index("--only") + 1] == "cifar10-jpeg-resnet32-greedy-K4-s0"
+    assert layers[layers.index("--layers") + 1] == "1,4,8,12,16"
+    layers = plan["remainder-between:greedy-K4"].command(100.0)
+    assert layers[layers.index("--layers") + 1] == "2,3,5,6,7,9,10,11,13,14,15"
     assert layers[layers.index("--step") + 1] == "eager"  # until graphed steps measured faster on this GPU
     # What a lease's call must carry for each (experiments.travel): the weights and checkpoints they start from.
     assert plan["remainder:greedy-K4"].reads() == [runs / "cifar10-jpeg-resnet32-greedy-K4-s0" / "model.pt"]
@@ -482,8 +486,12 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     rows = pd.DataFrame({"run_id": "cifar10-jpeg-resnet32-greedy-K4-s0", "layer": range(1, 17), "estimator": "1c2f"})
     rows.to_csv(analysis / "mutual_information.csv", index=False)
     assert not plan["remainder:greedy-K4"].done()
+    key = rows["layer"].isin([1, 4, 8, 12, 16])
+    rows[key].assign(estimator="remainder").to_csv(analysis / "mutual_information.csv", index=False)
+    assert plan["remainder:greedy-K4"].done() and not plan["remainder-between:greedy-K4"].done()
+    assert plan["remainder-between:greedy-K4"].progress() == []  # none of its own points yet
     rows.assign(estimator="remainder").to_csv(analysis / "mutual_information.csv", index=False)
-    assert plan["remainder:greedy-K4"].done() and not plan["remainder:e2e-K1"].done()
+    assert plan["remainder-between:greedy-K4"].done() and not plan["remainder:e2e-K1"].done()
     ceiling = pd.DataFrame({"run_id": [REMAINDER_REFERENCE], "rem_epochs": [30], "within_2_points": [False]})
     ceiling.to_csv(analysis / "remainder_ceiling.csv", index=False)
     assert not plan["remainder-ceiling"].done()
