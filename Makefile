@@ -37,7 +37,7 @@ ARCH ?=
 FIGURES = fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule
 TABLES = table2 table3 table_schedule table_paired table_e2e_gap claims
 # ESTIMATOR (fig10, fig_info_plane): remainder (the paper's units; the default once it covers E2E and greedy SL
-# at every layer point) or 1c2f, as <target>-<ESTIMATOR>.
+# at layer 1, their module ends and the last, every layer of E2E) or 1c2f, as <target>-<ESTIMATOR>.
 ESTIMATOR ?=
 BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) $(if $(RECIPE),--recipe "$(RECIPE)") $(if $(ARCH),--arch $(ARCH)) \
         $(if $(ESTIMATOR),--estimator $(ESTIMATOR))

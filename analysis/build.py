@@ -33,7 +33,8 @@ def main(argv=None):
                         "network covering the most configurations, as <target>-<ARCH>")
     p.add_argument("--estimator", choices=ESTIMATORS,
                    help="fig10, fig_info_plane: draw this estimator of I(h,x), I(h,y) (default: remainder once it "
-                        "covers E2E and greedy SL at every layer point, else 1c2f), as <target>-<ESTIMATOR>")
+                        "covers E2E and greedy SL at layer 1, their module ends and the last, else 1c2f), "
+                        "as <target>-<ESTIMATOR>")
     args = p.parse_args(argv)
     for target in args.targets:
         for path in build(target, args.results, args.recipe, args.arch, args.estimator):

@@ -9,7 +9,7 @@ when a result does. A verdict is `holds`, `partly` (holds at some K only), `does
 import pandas as pd
 
 from infopro.selection import default_estimator, figure_rows, with_method
-from infopro.splits import num_layer_points
+from infopro.splits import key_layer_points, num_layer_points
 from infopro.style import LOCAL_METHODS, METHODS
 
 PAPER_KS = (2, 4, 8, 16)
@@ -191,13 +191,13 @@ INFOPRO = ("infopro-contrast", "infopro-softmax")
 IXY_UNITS = "test accuracy of the remainder"
 
 
-def remainder_rows(mi: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def remainder_rows(mi: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """The remainder estimator's rows of the paper's recipe (I(h,y) in the paper's units, `ixy_paper`;
-    none before a GPU ran it), and how many layer points the network has."""
+    none before a GPU ran it), and the network they are of."""
     rows = with_method(figure_rows(mi)[0])  # of one network: the figures' (`selection.main_recipe`)
     remainder = rows[rows["estimator"] == "remainder"]
-    points = num_layer_points(rows["arch"].iloc[0])
-    return (remainder if "ixy_paper" in remainder else remainder.assign(ixy_paper=float("nan"))), points
+    arch = rows["arch"].iloc[0]
+    return (remainder if "ixy_paper" in remainder else remainder.assign(ixy_paper=float("nan"))), arch
 
 
 def curve(rows: pd.DataFrame, method: str, K: int, value: str = "ixy_paper") -> pd.Series:
@@ -210,20 +210,23 @@ def span(values: pd.Series) -> str:
     return f"{values.min():.3f} to {values.max():.3f}" if len(values) else "–"
 
 
-def missing_points(rows: pd.DataFrame, networks, points: int) -> str:
-    """What keeps an I(h,y) claim pending ("" once every network has remainder rows at every layer
-    point): a network's points arrive over several GPU calls, layer 1 first."""
-    found = {(method, K): len(curve(rows, method, K)) for method, K in networks}
-    if not any(found.values()):
+def missing_points(rows: pd.DataFrame, networks, arch: str) -> str:
+    """What keeps an I(h,y) claim pending ("" once every network has remainder rows at its key layer
+    points, `splits.key_layer_points`): a network's points arrive over several GPU calls."""
+    found = {}
+    for method, K in networks:
+        key = key_layer_points(arch, K)
+        found[(method, K)] = (len(set(curve(rows, method, K).index) & set(key)), len(key))
+    if not any(count for count, _ in found.values()):
         return "the remainder estimator has not run on these networks yet (a GPU stage, docs/analysis.md)"
     short = {}
-    for (method, K), count in found.items():
-        if count < points:
-            short.setdefault(method, []).append((K, count))
-    parts = [METHODS[method][0] + (f" {counts[0][1]}" if method == "e2e" else
-                                   " K = " + ", ".join(f"{K}: {count}" for K, count in counts))
+    for (method, K), (count, of) in found.items():
+        if count < of:
+            short.setdefault(method, []).append(f"{count} of {of}" if method == "e2e" else f"{K}: {count} of {of}")
+    parts = [METHODS[method][0] + (" " if method == "e2e" else " K = ") + ", ".join(counts)
              for method, counts in short.items()]
-    return f"remainder layer points so far (of {points}): " + "; ".join(parts) if parts else ""
+    return ("remainder layer points so far (of layer 1, the module ends and the last; E2E: every layer): "
+            + "; ".join(parts)) if parts else ""
 
 
 def pending_points(missing: str, checks: dict) -> str:
@@ -233,44 +236,47 @@ def pending_points(missing: str, checks: dict) -> str:
 
 def e2e_keeps_label_information(mi: pd.DataFrame, reference: pd.DataFrame) -> dict:
     """E2E's I(h,y) level across depth."""
-    rows, points = remainder_rows(mi)
-    ours, missing = curve(rows, "e2e", 1), missing_points(rows, [("e2e", 1)], points)
+    rows, arch = remainder_rows(mi)
+    ours, missing = curve(rows, "e2e", 1), missing_points(rows, [("e2e", 1)], arch)
     level = HOLDS if ours.max() - ours.min() <= IXY_LEVEL else FAILS
     return {"claim": "E2E keeps I(h,y) level across depth",
             "paper": f"E2E {span(curve(paper_curves(reference, 'ixy_paper_units'), 'e2e', 1, 'value'))}",
             "ours": f"E2E {span(ours)}" if len(ours) else "–",
             "verdict": pending_points(missing, {}) if missing else level,
-            "test": f"E2E's I(h,y) within {IXY_LEVEL} from layer 1 to {points} ({IXY_UNITS})",
+            "test": f"E2E's I(h,y) within {IXY_LEVEL} from layer 1 to {num_layer_points(arch)} ({IXY_UNITS})",
             "from": "figures/fig10.png"}
 
 
-def greedy_below_e2e(rows: pd.DataFrame, value: str, points: int) -> dict:
-    """{K: greedy SL's `value` below E2E's at its first module end and every layer point after it},
-    at the K where both have all those points."""
+def greedy_below_e2e(rows: pd.DataFrame, value: str, arch: str) -> dict:
+    """{K: greedy SL's `value` below E2E's at its first module end and every layer point after it that
+    greedy SL has}, at the K where both have every key layer point from the first module end on."""
     e2e, checks = curve(rows, "e2e", 1, value), {}
     for K in PAPER_KS:
-        greedy, after = curve(rows, "greedy", K, value), range(first_module_end(K), points + 1)
-        if all(layer in greedy.index and layer in e2e.index for layer in after):
+        greedy, first = curve(rows, "greedy", K, value), first_module_end(K)
+        needed = [layer for layer in key_layer_points(arch, K) if layer >= first]
+        if all(layer in greedy.index and layer in e2e.index for layer in needed):
+            after = [layer for layer in greedy.index if layer >= first and layer in e2e.index]
             checks[K] = all(greedy[layer] < e2e[layer] for layer in after)
     return checks
 
 
 def greedy_loses_label_information(mi: pd.DataFrame, reference: pd.DataFrame) -> dict:
     """Greedy SL's I(h,y) falls below E2E's in its first module and stays below."""
-    rows, points = remainder_rows(mi)
+    rows, arch = remainder_rows(mi)
     ours, _ = compared(rows, "ixy_paper", first_module_end, below)
     theirs, _ = compared(paper_curves(reference, "ixy_paper_units"), "value", first_module_end, below)
-    checks = greedy_below_e2e(rows, "ixy_paper", points)
-    missing = missing_points(rows, [("e2e", 1)] + [("greedy", K) for K in PAPER_KS], points)
+    checks = greedy_below_e2e(rows, "ixy_paper", arch)
+    missing = missing_points(rows, [("e2e", 1)] + [("greedy", K) for K in PAPER_KS], arch)
     return {"claim": "Greedy SL loses I(h,y) in its first module and never regains it", "paper": theirs,
             "ours": ours, "verdict": pending_points(missing, checks) if missing else verdict(checks),
-            "test": f"I(h,y), greedy SL below E2E at the first module end and every later layer ({IXY_UNITS})",
+            "test": f"I(h,y), greedy SL below E2E at the first module end and every later layer point estimated, "
+                    f"each later module end included ({IXY_UNITS})",
             "from": "figures/fig10.png"}
 
 
 def infopro_keeps_label_information(mi: pd.DataFrame) -> dict:
     """InfoPro's I(h,y) at its first module end within IXY_LEVEL of E2E's there, and above greedy SL's."""
-    rows, points = remainder_rows(mi)
+    rows, arch = remainder_rows(mi)
     e2e, checks, shown = curve(rows, "e2e", 1), {}, []
     for K in PAPER_KS:
         layer = first_module_end(K)
@@ -282,7 +288,7 @@ def infopro_keeps_label_information(mi: pd.DataFrame) -> dict:
             f"{METHODS[m][0].replace('InfoPro ', '')} {values[m]:.3f}" for m in INFOPRO) +
             f" vs E2E {e2e[layer]:.3f}, greedy SL {values['greedy']:.3f}")
     networks = [("e2e", 1)] + [(method, K) for method in ("greedy", *INFOPRO) for K in PAPER_KS]
-    missing = missing_points(rows, networks, points)
+    missing = missing_points(rows, networks, arch)
     return {"claim": "InfoPro keeps I(h,y) through its first module",
             "paper": "not plotted (the case for InfoPro's loss)", "ours": "; ".join(shown) or "–",
             "verdict": pending_points(missing, checks) if missing else verdict(checks),

@@ -38,7 +38,7 @@ HOW_TO_MAKE = {
     "test-predictions": "make it with `make test-predictions` (every run with committed weights scored image by "
                         "image on its whole test split: about 30 s per ResNet-32 on 10,000 images on 2 CPU cores)",
     "remainder": "make it with `python -m analysis.remainder ceiling` and `layers` on a GPU (the remainder "
-                 "estimator: about eight ResNet-32 trainings of its budget per network; see docs/analysis.md)",
+                 "estimator: up to eight ResNet-32 trainings of its budget per network; see docs/analysis.md)",
     "schedule-analysis": "make it with `make schedule-analysis` (linear probes, I(h,x) and I(h,y) of the schedule "
                          "check's runs that the Makefile's SCHEDULE_RUNS names and of their 12-epoch twins: about "
                          "150 min on 2 CPU cores)",

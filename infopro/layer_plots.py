@@ -13,6 +13,7 @@ from matplotlib.ticker import MaxNLocator
 from infopro.errors import InfoProError
 from infopro.plots import curve_seeds_text, footer, local_ks, new_figure, seeds_text, shared_legend
 from infopro.selection import ANALYSIS_FIGURE_ARCH, figure_rows, with_method
+from infopro.splits import num_layer_points
 from infopro.style import K_COLOURS, LOCAL_METHODS, METHODS, PURPLE, styled
 
 LAYER_AXIS = "layer point (1 = stem, then one per residual block)"
@@ -152,8 +153,17 @@ def fig10_mutual_information(mi: pd.DataFrame, reference: pd.DataFrame | None = 
     extra = [MODULE_END] + [PAPER_DASHED] * paper + [CEILING] * (ceiling is not None)
     shared_legend(figure, axes[0, 0], extra)
     first = mi.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {curve_seeds_text(mi)}.", estimator_text(first, estimator))
+    footer(figure, f"{first['arch']}, {recipe}; {curve_seeds_text(mi)}.{partial_curves_text(mi)}",
+           estimator_text(first, estimator))
     return figure
+
+
+def partial_curves_text(mi: pd.DataFrame) -> str:
+    """A footer sentence where some network's curve joins fewer than all its layer points: the remainder
+    estimator reaches the points between module ends last (experiments/stages.py)."""
+    short = any(rows["layer"].nunique() < num_layer_points(rows["arch"].iloc[0]) for _, rows in mi.groupby("run_id"))
+    return (" Curves with fewer markers join only the layer points estimated so far (layer 1, the module ends "
+            "and the last come first).") if short else ""
 
 
 def estimator_text(row: pd.Series, estimator: str) -> str:
@@ -292,7 +302,8 @@ def fig_information_plane(mi: pd.DataFrame) -> Figure:
     shared_legend(figure, axes, [STEM, MODULE_END])
     first = mi.iloc[0]
     footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K'])}; each path is the mean over "
-           f"seeds at each layer point, from the stem to the last layer (arrowhead).", estimator_text(first, estimator))
+           f"seeds at each layer point, from the stem to the last layer (arrowhead).{partial_curves_text(mi)}",
+           estimator_text(first, estimator))
     return figure
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from infopro.bench_methods import WHOLE_NETWORK
 from infopro.errors import InfoProError
-from infopro.splits import num_layer_points
+from infopro.splits import key_layer_points
 
 ANALYSIS_FIGURE_ARCH = "resnet32"  # the network of the paper's analysis figure (results/reference/analysis_figure.csv)
 
@@ -72,21 +72,27 @@ def figure_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 PAPER_FIGURE_NETWORKS = (("e2e", 1), ("greedy", 2), ("greedy", 4), ("greedy", 8), ("greedy", 16))
 
 
-def complete_networks(mi: pd.DataFrame, estimator: str) -> set:
-    """(method, K) of the runs whose `estimator` rows cover every layer point of their network. The
-    remainder estimator's points of one network arrive over several GPU calls, layer 1 first."""
+def key_points_of(row: pd.Series) -> list[int]:
+    """`splits.key_layer_points` of the network an analysis row belongs to."""
+    return key_layer_points(row["arch"], int(row["K"]), row["split"])
+
+
+def covered_networks(mi: pd.DataFrame, estimator: str) -> set:
+    """(method, K) of the runs whose `estimator` rows cover every key layer point of their network
+    (layer 1, its module ends and its last; every point of E2E). The remainder estimator's points of
+    one network arrive over several GPU calls, the key points first."""
     own = with_method(mi[mi["estimator"] == estimator])
-    runs = own.groupby("run_id").agg(arch=("arch", "first"), covered=("layer", "nunique"))
-    complete = runs.index[runs["covered"] == runs["arch"].map(num_layer_points)]
-    return set(own.loc[own["run_id"].isin(complete), ["method", "K"]].itertuples(index=False, name=None))
+    covered = [run_id for run_id, rows in own.groupby("run_id")
+               if set(key_points_of(rows.iloc[0])) <= set(rows["layer"])]
+    return set(own.loc[own["run_id"].isin(covered), ["method", "K"]].itertuples(index=False, name=None))
 
 
 def default_estimator(mi: pd.DataFrame) -> str:
     """The estimator of I(h,x) and I(h,y) shown by default: the remainder estimator (the paper's
-    units) once it covers every layer point of the paper's figure networks, else 1c2f, which
-    covers every network. A figure half in one estimator's units and half in the other's would
-    compare nothing."""
-    return "remainder" if set(PAPER_FIGURE_NETWORKS) <= complete_networks(mi, "remainder") else "1c2f"
+    units) once it covers the key layer points of the paper's figure networks, else 1c2f, which
+    covers every layer of every network. A figure half in one estimator's units and half in the
+    other's would compare nothing."""
+    return "remainder" if set(PAPER_FIGURE_NETWORKS) <= covered_networks(mi, "remainder") else "1c2f"
 
 
 def measured_rows(rows: pd.DataFrame) -> pd.DataFrame:

@@ -7,7 +7,8 @@ from infopro.claims import (IXY_LEVEL, PAPER_KS, e2e_keeps_label_information, fi
                             greedy_grows_with_k, greedy_loses_label_information, infopro_keeps_label_information,
                             infopro_recovers_the_gap, input_lost_early, memory_at_time, paper_curves, paper_ordering,
                             recovered, separability, verdict)
-from infopro.selection import default_estimator
+from infopro.selection import default_estimator, with_method
+from infopro.splits import key_layer_points
 
 PAPER_RECIPE = dict(arch="resnet32", split="paper", recipe="paper", epochs=160, train_images=50000, task_loss="")
 
@@ -88,14 +89,16 @@ def test_the_label_information_claims_wait_for_every_layer_point_of_the_remainde
                   greedy_loses_label_information(SMALL_HEAD, IXY_REFERENCE),
                   infopro_keeps_label_information(SMALL_HEAD)):
         assert claim["verdict"].startswith("pending: the remainder estimator has not run") and claim["ours"] == "–"
+    so_far = "pending: remainder layer points so far (of layer 1, the module ends and the last; E2E: every layer): "
     first_points = with_remainder({("e2e", 1): [0.9] * 5})  # a GPU call's worth of E2E's points, layer 1 first
-    assert e2e_keeps_label_information(first_points, IXY_REFERENCE)["verdict"] == \
-        "pending: remainder layer points so far (of 16): E2E 5"
+    assert e2e_keeps_label_information(first_points, IXY_REFERENCE)["verdict"] == so_far + "E2E 5 of 16"
     assert greedy_loses_label_information(first_points, IXY_REFERENCE)["verdict"] == \
-        "pending: remainder layer points so far (of 16): E2E 5; Greedy SL K = 2: 0, 4: 0, 8: 0, 16: 0"
+        so_far + "E2E 5 of 16; Greedy SL K = 2: 0 of 3, 4: 0 of 5, 8: 0 of 9, 16: 0 of 16"
     alone = layer_rows("ixy_paper", {("e2e", 1): [0.9] * 5}, "remainder")  # no 1c2f row to count the points by
-    assert e2e_keeps_label_information(alone, IXY_REFERENCE)["verdict"] == \
-        "pending: remainder layer points so far (of 16): E2E 5"
+    assert e2e_keeps_label_information(alone, IXY_REFERENCE)["verdict"] == so_far + "E2E 5 of 16"
+    between = with_remainder({("e2e", 1): [0.9] * 16, ("greedy", 2): [0.85] * 7})  # layers 1 to 7: one key point
+    assert greedy_loses_label_information(between, IXY_REFERENCE)["verdict"] == \
+        so_far + "Greedy SL K = 2: 1 of 3, 4: 0 of 5, 8: 0 of 9, 16: 0 of 16"
 
 
 def test_e2e_must_stay_within_two_points_across_depth():
@@ -116,6 +119,24 @@ def test_greedy_must_stay_below_e2e_from_its_first_module_end_on():
     assert row["verdict"] == "partly (K = 4, 8, 16)" and "K = 2 (layer 8): 0.850 vs 0.900" in row["ours"]
 
 
+def test_greedy_is_judged_at_its_key_points_and_at_every_point_between_them_estimated():
+    """Layer 1, the module ends and layer 16 decide the claim (E2E at every layer); a point between
+    module ends that is estimated counts too."""
+    def key_points(K, value):
+        rows = layer_rows("ixy_paper", {("greedy", K): [value] * 16}, "remainder")
+        return rows[rows["layer"].isin(key_layer_points("resnet32", K))]
+
+    e2e = layer_rows("ixy_paper", {("e2e", 1): [0.90] * 16}, "remainder")
+    key_only = with_method(pd.concat([e2e] + [key_points(K, 0.85) for K in PAPER_KS]))
+    assert greedy_below_e2e(key_only, "ixy_paper", "resnet32") == {K: True for K in PAPER_KS}
+    assert greedy_loses_label_information(pd.concat([SMALL_HEAD, key_only]), IXY_REFERENCE)["verdict"] == "holds"
+    regained = pd.concat([key_only, with_method(layer_rows("ixy_paper", {("greedy", 4): [0.85] * 9 + [0.95]},
+                                                           "remainder")).query("layer == 10")])  # between 8 and 12
+    assert greedy_below_e2e(regained, "ixy_paper", "resnet32") == {2: True, 4: False, 8: True, 16: True}
+    no_end = key_only[~((key_only["K"] == 8) & (key_only["layer"] == 6))]  # a module end of K = 8 missing
+    assert 8 not in greedy_below_e2e(no_end, "ixy_paper", "resnet32")
+
+
 def test_infopro_must_stay_near_e2e_and_above_greedy_at_its_first_module_end():
     curves = {("e2e", 1): [0.90] * 16, **{("greedy", K): [0.80] * 16 for K in PAPER_KS},
               **{(method, K): [0.89] * 16 for method in ("infopro-contrast", "infopro-softmax") for K in PAPER_KS}}
@@ -132,7 +153,7 @@ def test_the_label_information_rules_hold_on_the_papers_own_values():
 
     reference = pd.read_csv(REPO / "results" / "reference" / "analysis_figure.csv")
     paper = paper_curves(reference, "ixy_paper_units")
-    assert greedy_below_e2e(paper, "value", 16) == {K: True for K in PAPER_KS}
+    assert greedy_below_e2e(paper, "value", "resnet32") == {K: True for K in PAPER_KS}
     e2e = paper[paper["method"] == "e2e"]["value"]
     assert e2e.max() - e2e.min() <= IXY_LEVEL
 
@@ -148,6 +169,10 @@ def test_fig10_and_the_input_claim_switch_to_the_remainder_once_it_covers_the_pa
     complete = complete.drop_duplicates(["run_id", "estimator", "layer"], keep="last").assign(ixx_paper=0.4)
     assert default_estimator(complete) == "remainder"
     assert "remainder estimator" in input_lost_early(complete, IXY_REFERENCE)["test"]
+    between = (complete["estimator"] == "remainder") & (complete["K"] == 2) & ~complete["layer"].isin([1, 8, 16])
+    assert default_estimator(complete[~between]) == "remainder"  # greedy SL K = 2 at layers 1, 8 and 16 only
+    no_e2e_point = (complete["estimator"] == "remainder") & (complete["K"] == 1) & (complete["layer"] == 9)
+    assert default_estimator(complete[~no_e2e_point]) == "1c2f"  # E2E is the reference at every layer
 
 
 def test_infopro_star_must_save_a_third_of_the_memory_in_less_time_than_checkpointing():

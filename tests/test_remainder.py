@@ -305,6 +305,11 @@ def test_the_figure_draws_the_paper_dashed_and_the_ceiling_dotted():
     assert len(dashed) == 1 and list(dashed[0].get_ydata()) == [0.9] * 16
     legend = [text.get_text() for text in figure.legends[0].get_texts()]
     assert "paper, greedy SL and E2E (read off)" in legend and any(label.startswith("ceiling") for label in legend)
+    said = "Curves with fewer markers join only the layer points estimated so far"
+    assert said not in " ".join(text.get_text() for text in figure.texts).replace("\n", " ")
+    key_only = pd.DataFrame([row for row in rows if row["K"] == 1 or row["layer"] in (1, 4, 8, 12, 16)])
+    footer = " ".join(text.get_text() for text in fig10_mutual_information(key_only, reference, ceilings).texts)
+    assert said in footer.replace("\n", " ")
 
 
 def test_asking_for_an_estimator_without_rows_names_the_command_that_makes_them(tmp_path):
