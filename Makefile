@@ -9,7 +9,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: help setup test check test-slow status readme fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel bench-epochs reproduce fixture cpu-weights
+.PHONY: help setup test check test-slow status readme fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap table_ranking claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel bench-epochs reproduce fixture cpu-weights
 
 .DEFAULT_GOAL := help
 # `make` alone lists the targets: the text after `## ` on each rule's line.
@@ -35,7 +35,7 @@ RECIPE ?=
 # ARCH (the same figures and table2): draw that network's runs, e.g. ARCH=resnet110, as <target>-resnet110.
 ARCH ?=
 FIGURES = fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule
-TABLES = table2 table3 table_schedule table_paired table_e2e_gap claims
+TABLES = table2 table3 table_schedule table_paired table_e2e_gap table_ranking claims
 # ESTIMATOR (fig10, fig_info_plane): remainder (the paper's units; the default once it covers E2E and greedy SL
 # at layer 1, their module ends and the last, every layer of E2E) or 1c2f, as <target>-<ESTIMATOR>.
 ESTIMATOR ?=
@@ -65,9 +65,9 @@ mutual-info:  ## I(h,x), I(h,y) of every finished run not yet estimated
 	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS)/runs --out $(RESULTS)/analysis/mutual_information.csv $(DATA) $(MI_ARGS)
 
 # Every network with weights (the CPU-trained ones after `make cpu-weights`) scored image by image
-# on its whole test split, for table_paired and table_e2e_gap: the test images a run never used give a fresh test of
-# InfoPro against greedy SL and of each method against E2E. A run on the whole split without weights enters with its
-# training's record.
+# on its whole test split, for table_paired, table_e2e_gap and table_ranking: the test images a run never used give a
+# fresh test of InfoPro against greedy SL, of each method against E2E and of each step of the paper's ranking. A run on
+# the whole split without weights enters with its training's record.
 test-predictions:  ## every network with weights scored image by image
 	$(PYTHON) -m analysis.score_test_images --runs $(RESULTS) --out $(RESULTS)/analysis/test_predictions.csv $(DATA)
 

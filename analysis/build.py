@@ -12,7 +12,8 @@ error per epoch of every run, unfinished ones included (metrics.csv); table2: ou
 fig_memory and table3: the memory benchmark (bench/); table_schedule: the same runs at two
 schedule lengths (schedule-check/ beside runs/); table_paired: InfoPro against greedy SL image by
 image on test images no run used (test_predictions.csv); table_e2e_gap: greedy SL and InfoPro
-against E2E the same way.
+against E2E the same way; table_ranking: each step of the paper's ranking (InfoPro (Contrast) <
+InfoPro (Softmax) < DGL < greedy SL) the same way.
 Each takes a few seconds on a CPU.
 """
 

@@ -8,7 +8,7 @@ when a result does. A verdict is `holds`, `partly` (holds at some K only), `does
 
 import pandas as pd
 
-from infopro.selection import default_estimator, figure_rows, with_method
+from infopro.selection import PAPER_RANKING, default_estimator, figure_rows, with_method
 from infopro.splits import key_layer_points, num_layer_points
 from infopro.style import LOCAL_METHODS, METHODS
 
@@ -90,14 +90,11 @@ def in_order(errors: dict) -> tuple[dict, dict]:
     checks, missing = {}, {}
     for K in PAPER_KS:
         order = ordering(errors, K)
-        if absent := [method for method in EXPECTED_ORDER if method not in order]:
+        if absent := [method for method in PAPER_RANKING if method not in order]:
             missing[K] = absent
         else:
-            checks[K] = order == list(EXPECTED_ORDER)
+            checks[K] = order == list(PAPER_RANKING)
     return checks, missing
-
-
-EXPECTED_ORDER = ("infopro-contrast", "infopro-softmax", "dgl", "greedy")
 
 
 def order_text(errors: dict) -> str:
@@ -118,7 +115,7 @@ def paper_ordering(ours: dict, paper: dict) -> dict:
 def pending_text(missing: dict, checks: dict) -> str:
     """Which methods lack a run at which K, and the verdict so far at the K where all four have one."""
     absent = {method for methods in missing.values() for method in methods}
-    names = ", ".join(METHODS[m][0] for m in EXPECTED_ORDER if m in absent)
+    names = ", ".join(METHODS[m][0] for m in PAPER_RANKING if m in absent)
     so_far = f"; at K = {', '.join(map(str, checks))}: {verdict(checks)}" if checks else ""
     return f"pending: no {names} run at K = {', '.join(map(str, missing))}{so_far}"
 

@@ -338,6 +338,7 @@ TABLES = {
     "table_schedule": lambda r, pick: tables.schedule_check(load_schedule_pairs(r)),
     "table_paired": lambda r, pick: tables.paired(load_test_predictions(r)),
     "table_e2e_gap": lambda r, pick: tables.e2e_gap(load_test_predictions(r)),
+    "table_ranking": lambda r, pick: tables.ranking(load_test_predictions(r)),
     "claims": lambda r, pick: claims_table(r),
 }
 TARGETS = (*FIGURES, *TABLES)

@@ -151,9 +151,31 @@ def paired_comparisons(predictions: pd.DataFrame, reference: str = "greedy") -> 
     One row per pair: the other run's description, both recorded errors and `paired_difference`
     with A = the reference, so `lead` > 0 means the other method errs less.
     """
-    rows, key = [], pairing_key(reference)
-    references = predictions[predictions["regime"] == reference]
-    for _, run in predictions[predictions["regime"] != reference].iterrows():
+    is_reference = predictions["regime"] == reference
+    return pd.DataFrame(paired_rows(predictions[is_reference], predictions[~is_reference], pairing_key(reference)))
+
+
+def ordered_comparisons(predictions: pd.DataFrame, order: tuple[str, ...]) -> pd.DataFrame:
+    """Each run beside the run ranked next after it in `order` (best first, values of a `method`
+    column the caller adds) among those present with the same `PAIRING_KEY`: the steps of a claimed
+    ranking, such as the paper's InfoPro (Contrast) < InfoPro (Softmax) < DGL < greedy SL.
+
+    Rows as `paired_comparisons`'s, A being the next run (`reference_method`), so `lead` > 0 means
+    the step holds on those images. Where a method has no run, its neighbours meet."""
+    rows = []
+    for _, runs in predictions[predictions["method"].isin(order)].groupby(PAIRING_KEY, dropna=False):
+        present = [method for method in order if method in set(runs["method"])]
+        for better, next_one in zip(present, present[1:]):
+            rows += [row | {"reference_method": next_one} for row in paired_rows(
+                runs[runs["method"] == next_one], runs[runs["method"] == better], PAIRING_KEY)]
+    return pd.DataFrame(rows)
+
+
+def paired_rows(references: pd.DataFrame, others: pd.DataFrame, key: list[str]) -> list[dict]:
+    """A `paired_comparisons` row for each run of `others` and each run of `references` with the
+    same `key` values."""
+    rows = []
+    for _, run in others.iterrows():
         same = (references[key] == run[key]).all(axis=1)
         for _, ref in references[same].iterrows():
             size = int(run["test_split_images"])
@@ -163,4 +185,4 @@ def paired_comparisons(predictions: pd.DataFrame, reference: str = "greedy") -> 
                 "compared_on": "held-out" if run["held_out_images"] else "all",
             } | paired_difference(decode_correct(ref["correct"], size)[kept],
                                   decode_correct(run["correct"], size)[kept]))
-    return pd.DataFrame(rows)
+    return rows

@@ -12,6 +12,8 @@ from infopro.errors import InfoProError
 from infopro.splits import key_layer_points
 
 ANALYSIS_FIGURE_ARCH = "resnet32"  # the network of the paper's analysis figure (results/reference/analysis_figure.csv)
+# The paper's ranking of the locally supervised methods by test error at each K (its Table 2), best first.
+PAPER_RANKING = ("infopro-contrast", "infopro-softmax", "dgl", "greedy")
 
 
 def method_key(regime: str, task_loss) -> str:

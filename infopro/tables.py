@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 
 from infopro.errors import InfoProError
-from infopro.paired import paired_comparisons
+from infopro.paired import ordered_comparisons, paired_comparisons
 from infopro.records import atomic_write
-from infopro.selection import (TABLE3_METHODS, commits, errors_by_method, figure_rows, measured_rows, memory_column,
-                               method_label, remeasured_times, training_by_recipe, with_method)
+from infopro.selection import (PAPER_RANKING, TABLE3_METHODS, commits, errors_by_method, figure_rows, measured_rows,
+                               memory_column, method_label, remeasured_times, training_by_recipe, with_method)
 from infopro.style import METHODS
 
 
@@ -123,6 +123,24 @@ def e2e_gap(predictions: pd.DataFrame) -> tuple[pd.DataFrame, str]:
                         "E2E's error − the method's")
 
 
+def ranking(predictions: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The steps of the paper's ranking (InfoPro (Contrast) < InfoPro (Softmax) < DGL < greedy SL)
+    image by image: each run beside the run ranked next after it with the same K, recipe and seed,
+    as `paired` does. Table 2's means can order two methods by a difference that the test
+    images do not resolve; here each step has its paired standard error and McNemar's p."""
+    pairs = ordered_comparisons(with_method(predictions), PAPER_RANKING)
+    if pairs.empty:
+        raise InfoProError("no two methods of the paper's ranking have runs of the same K, recipe and seed among "
+                           "the scored runs")
+    table, caption = paired_table(pairs, predictions, ("next", "method"),
+                                  "each method against the one ranked next after it by the paper (InfoPro (Contrast) "
+                                  "< InfoPro (Softmax) < DGL < greedy SL; where one has no run, its neighbours meet) "
+                                  "of the same K, recipe and seed", "the next method's error − this method's, "
+                                  "positive where the paper's step holds", rank=PAPER_RANKING)
+    table.insert(1, "next", [METHODS[method][0] for method in table.pop("reference_method")])
+    return table, caption
+
+
 def regime_names(regimes: pd.Series) -> str:
     """'greedy SL and InfoPro', 'greedy SL, DGL and InfoPro': the locally supervised regimes present."""
     names = [name for regime, name in (("greedy", "greedy SL"), ("dgl", "DGL"), ("infopro", "InfoPro"))
@@ -131,11 +149,17 @@ def regime_names(regimes: pd.Series) -> str:
 
 
 def paired_table(pairs: pd.DataFrame, predictions: pd.DataFrame, names: tuple[str, str], comparison: str,
-                 lead: str) -> tuple[pd.DataFrame, str]:
+                 lead: str, rank: tuple[str, ...] | None = None) -> tuple[pd.DataFrame, str]:
     """The rows of `paired_comparisons` as a table, the error columns headed by `names` (the
     reference's, the other network's), with a caption naming the images and what `lead` is
-    (the reference's error − the other's: negative where the other network errs more)."""
-    pairs = with_method(pairs).sort_values(["epochs", "K", "method", "seed"], key=paper_order, kind="stable")
+    (the reference's error − the other's: negative where the other network errs more). Rows run
+    by method within K, or, given a `rank` of the methods, by seed within K and by rank within
+    seed (a ranking's steps in a row; such pairs keep their `reference_method` column)."""
+    pairs = with_method(pairs)
+    if rank is None:
+        pairs = pairs.sort_values(["epochs", "K", "method", "seed"], key=paper_order, kind="stable")
+    else:
+        pairs = pairs.assign(rank=pairs["method"].map(rank.index)).sort_values(["epochs", "K", "seed", "rank"])
     table = pd.DataFrame({
         "method": [METHODS[m][0] for m in pairs["method"]], "K": pairs["K"], "epochs": pairs["epochs"],
         "seed": pairs["seed"], "images": pairs["images"],
@@ -145,7 +169,7 @@ def paired_table(pairs: pd.DataFrame, predictions: pd.DataFrame, names: tuple[st
         "McNemar p": pairs["mcnemar_p"].map(p_value),
         "lead on the recorded images": (pairs["reference_recorded_test_error"] - pairs["recorded_test_error"])
         .map("{:+.2f}".format),
-    })
+    } | ({"reference_method": pairs["reference_method"]} if rank is not None else {}))
     images = {"held-out": "the test images neither network was trained on or reported on",
               "all": "the whole test split where the runs used all of it, as their recorded errors did"}
     compared = ", or ".join(images[c] for c in pairs["compared_on"].unique())

@@ -231,7 +231,8 @@ def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
     for target, maker in (("fig8", "make probes"), ("fig10", "make mutual-info"), ("fig7", "experiments.grid"),
                           ("fig_curves", "experiments.grid"),
                           ("table_schedule", "grid cpu-schedule-check"), ("fig_schedule", "make schedule-analysis"),
-                          ("table_paired", "make test-predictions"), ("table_e2e_gap", "make test-predictions")):
+                          ("table_paired", "make test-predictions"), ("table_e2e_gap", "make test-predictions"),
+                          ("table_ranking", "make test-predictions")):
         result = run_main("analysis.build", target, "--results", str(tmp_path))
         assert result.returncode == 2 and maker in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

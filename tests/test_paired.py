@@ -13,9 +13,11 @@ from infopro import tables
 from infopro.config import TrainConfig
 from infopro.data import Split
 from infopro.errors import InfoProError
-from infopro.paired import paired_comparisons, paired_difference, predict_runs, read_predictions, used_images
+from infopro.paired import (ordered_comparisons, paired_comparisons, paired_difference, predict_runs, read_predictions,
+                            used_images)
 from infopro.records import decode_correct, encode_correct
 from infopro.runs import find_runs
+from infopro.selection import PAPER_RANKING, with_method
 from infopro.train import train
 
 TINY = TrainConfig(regime="greedy", K=2, dataset="synthetic", train_subset=192, test_subset=64,
@@ -122,6 +124,31 @@ def test_dgl_is_paired_with_e2e_but_not_in_the_comparison_of_infopro_with_greedy
     assert gap["method"].tolist() == ["Greedy SL", "DGL", "InfoPro (Contrast)"]
     assert "greedy SL, DGL and InfoPro against E2E" in caption
     assert tables.paired(runs)[0]["method"].tolist() == ["InfoPro (Contrast)"]
+
+
+def test_each_step_of_the_papers_ranking_pairs_a_run_with_the_next_method_present():
+    """Contrast beside Softmax, Softmax beside greedy SL where DGL has no run, Contrast beside greedy SL
+    where Softmax has none; E2E and another recipe stay out; lead > 0 where the paper's step holds."""
+    rng = np.random.default_rng(5)
+    runs = [scored_on_whole_split(rng, "e2e", 0, K=1, split="none"), scored_on_whole_split(rng, "greedy", 0),
+            scored_on_whole_split(rng, "infopro", 0) | {"correct": encode_correct(np.arange(50) < 45)},
+            scored_on_whole_split(rng, "infopro", 0) | {"run_id": "softmax-K2-s0-r", "task_loss": "softmax",
+                                                        "correct": encode_correct(np.arange(50) < 40)},
+            scored_on_whole_split(rng, "greedy", 1), scored_on_whole_split(rng, "infopro", 1),
+            scored_on_whole_split(rng, "dgl", 0, recipe="longer")]
+    pairs = ordered_comparisons(with_method(pd.DataFrame(runs)), PAPER_RANKING)
+    assert pairs[["run_id", "reference_run_id", "reference_method"]].values.tolist() == [
+        ["infopro-K2-s0-r", "softmax-K2-s0-r", "infopro-softmax"], ["softmax-K2-s0-r", "greedy-K2-s0-r", "greedy"],
+        ["infopro-K2-s1-r", "greedy-K2-s1-r", "greedy"]]
+    assert pairs.iloc[0]["lead"] == pytest.approx(10.0)  # Contrast errs on 5 images, Softmax on 10
+
+    table, caption = tables.ranking(pd.DataFrame(runs))
+    assert table[["method", "next", "seed"]].values.tolist() == [
+        ["InfoPro (Contrast)", "InfoPro (Softmax)", 0], ["InfoPro (Softmax)", "Greedy SL", 0],
+        ["InfoPro (Contrast)", "Greedy SL", 1]]
+    assert "reference_method" not in table and "positive where the paper's step holds" in caption
+    with pytest.raises(InfoProError, match="no two methods of the paper's ranking"):
+        tables.ranking(pd.DataFrame(runs[:2]))
 
 
 @pytest.mark.slow
