@@ -132,12 +132,13 @@ def ranking(predictions: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     if pairs.empty:
         raise InfoProError("no two methods of the paper's ranking have runs of the same K, recipe and seed among "
                            "the scored runs")
-    table, caption = paired_table(pairs, predictions, ("next", "method"),
+    steps = pairs.assign(rank=pairs["method"].map(PAPER_RANKING.index)).sort_values(["epochs", "K", "seed", "rank"])
+    table, caption = paired_table(steps, predictions, ("next", "method"),
                                   "each method against the one ranked next after it by the paper (InfoPro (Contrast) "
                                   "< InfoPro (Softmax) < DGL < greedy SL; where one has no run, its neighbours meet) "
                                   "of the same K, recipe and seed", "the next method's error − this method's, "
-                                  "positive where the paper's step holds", rank=PAPER_RANKING)
-    table.insert(1, "next", [METHODS[method][0] for method in table.pop("reference_method")])
+                                  "positive where the paper's step holds", in_order=True)
+    table.insert(1, "next", [METHODS[method][0] for method in steps["reference_method"]])
     return table, caption
 
 
@@ -149,17 +150,14 @@ def regime_names(regimes: pd.Series) -> str:
 
 
 def paired_table(pairs: pd.DataFrame, predictions: pd.DataFrame, names: tuple[str, str], comparison: str,
-                 lead: str, rank: tuple[str, ...] | None = None) -> tuple[pd.DataFrame, str]:
+                 lead: str, in_order: bool = False) -> tuple[pd.DataFrame, str]:
     """The rows of `paired_comparisons` as a table, the error columns headed by `names` (the
     reference's, the other network's), with a caption naming the images and what `lead` is
     (the reference's error − the other's: negative where the other network errs more). Rows run
-    by method within K, or, given a `rank` of the methods, by seed within K and by rank within
-    seed (a ranking's steps in a row; such pairs keep their `reference_method` column)."""
+    by method within K, or as `pairs` has them when `in_order`."""
     pairs = with_method(pairs)
-    if rank is None:
+    if not in_order:
         pairs = pairs.sort_values(["epochs", "K", "method", "seed"], key=paper_order, kind="stable")
-    else:
-        pairs = pairs.assign(rank=pairs["method"].map(rank.index)).sort_values(["epochs", "K", "seed", "rank"])
     table = pd.DataFrame({
         "method": [METHODS[m][0] for m in pairs["method"]], "K": pairs["K"], "epochs": pairs["epochs"],
         "seed": pairs["seed"], "images": pairs["images"],
@@ -169,7 +167,7 @@ def paired_table(pairs: pd.DataFrame, predictions: pd.DataFrame, names: tuple[st
         "McNemar p": pairs["mcnemar_p"].map(p_value),
         "lead on the recorded images": (pairs["reference_recorded_test_error"] - pairs["recorded_test_error"])
         .map("{:+.2f}".format),
-    } | ({"reference_method": pairs["reference_method"]} if rank is not None else {}))
+    })
     images = {"held-out": "the test images neither network was trained on or reported on",
               "all": "the whole test split where the runs used all of it, as their recorded errors did"}
     compared = ", or ".join(images[c] for c in pairs["compared_on"].unique())
