@@ -334,21 +334,24 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                      minutes=lambda: pass_minutes(missing()[:1]), progress=lambda: points_progress(missing(), points),
                      reads=lambda: [runs / run_id / "model.pt"])
 
-    def remainder_stages(networks: tuple[str, ...], between: bool = False) -> list[Stage]:
-        """One stage per seed-0 network with weights here: its key layer points (`network_points`), or,
-        with `between`, the points between them, which the paper's claims are not read at."""
-        made = []
+    def with_weights(networks: tuple[str, ...]):
+        """(network, run id, key layer points, the points between them) of each seed-0 network whose
+        weights are here (`network_points`)."""
         for network in networks:
-            run_id, (key, rest) = f"{GRID_DATASET}-resnet32-{network}-s0", network_points(network)
-            if not (runs / run_id / "model.pt").is_file():
-                continue
-            if not between:
-                what = "layer 1, the module ends and layer 16" if rest else "every layer"
-                made.append(remainder_stage(f"remainder:{network}", what, run_id, key))
-            elif rest:
-                made.append(remainder_stage(f"remainder-between:{network}", "the layers between module ends", run_id,
-                                            rest))
-        return made
+            run_id = f"{GRID_DATASET}-resnet32-{network}-s0"
+            if (runs / run_id / "model.pt").is_file():
+                yield network, run_id, *network_points(network)
+
+    def remainder_stages(networks: tuple[str, ...]) -> list[Stage]:
+        """One stage per network for its key layer points, which the paper's claims are read at."""
+        return [remainder_stage(f"remainder:{network}", "layer 1, the module ends and layer 16" if between
+                                else "every layer", run_id, key)
+                for network, run_id, key, between in with_weights(networks)]
+
+    def between_stages(networks: tuple[str, ...]) -> list[Stage]:
+        """One stage per network for the layer points between its module ends (none for E2E)."""
+        return [remainder_stage(f"remainder-between:{network}", "the layers between module ends", run_id, between)
+                for network, run_id, _, between in with_weights(networks) if between]
 
     def remainder_steps_stage() -> list[Stage]:
         """The remainder passes' step mode, timed on E2E's network where its weights are here."""
@@ -423,7 +426,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
         grid_stage("dgl-seed0", DGL_GRID, seeds=(0,)),
         *([grid_stage("table2-unfinished", GRID, only=unfinished)] if unfinished else []),
         *remainder_stages(REMAINDER_LATER),
-        *remainder_stages(REMAINDER_FIRST + REMAINDER_LATER, between=True),
+        *between_stages(REMAINDER_FIRST + REMAINDER_LATER),
         grid_stage("table2", GRID),
         grid_stage("dgl", DGL_GRID),
         grid_stage("bf16-twins", BF16_GRID),
