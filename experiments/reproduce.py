@@ -10,10 +10,11 @@ the next runs: epoch-bench (seconds per epoch, eager and compiled: the grids tra
 mode); table3, module-parallel, max-batch, profile, profile-resnet32 and retime (Table 3,
 fig_memory and the benchmark CSVs; 0.3 to 8.5 min each on one H100, results/bench/logs/);
 remainder-ceiling, remainder-steps (eager against CUDA-graphed steps of a pass) and one
-remainder:<network> stage per seed-0 network (fig10 and the information plane in the paper's
-units; each call trains the layer points that fit its minutes, at the pace timed on that GPU in
-the faster step mode): E2E and greedy SL's first, the others' after table2-unfinished; grid-jobs (how many trainings at once fill the GPU, counted
-while all train); dgl-seed0, table2-unfinished, table2 and dgl (Table 2 and fig7 on cifar10-jpeg:
+remainder:<network> stage per seed-0 network for its key layer points (fig10 and the information
+plane in the paper's units; each call trains the layer points that fit its minutes, at the pace
+timed on that GPU in the faster step mode): E2E and greedy SL's first, the others' after
+table2-unfinished, then one remainder-between:<network> stage each for the rest; grid-jobs (how
+many trainings at once fill the GPU, counted while all train); dgl-seed0, table2-unfinished, table2 and dgl (Table 2 and fig7 on cifar10-jpeg:
 160-epoch runs, 9 to 40 min each with four sharing an H100, resumed across calls; `make status`
 adds up what is left); bf16-twins (E2E and InfoPro
 (Contrast) K = 4 in bf16, beside their fp32 seeds, before bf16 trains any grid); table3-compiled
