@@ -8,8 +8,8 @@ when a result does. A verdict is `holds`, `partly` (holds at some K only), `does
 
 import pandas as pd
 
-from infopro.selection import PAPER_RANKING, default_estimator, figure_rows, with_method
-from infopro.splits import key_layer_points, num_layer_points
+from infopro.selection import ANALYSIS_FIGURE_ARCH, PAPER_RANKING, default_estimator, figure_rows, with_method
+from infopro.splits import key_layer_points, module_ends, num_layer_points
 from infopro.style import LOCAL_METHODS, METHODS
 
 PAPER_KS = (2, 4, 8, 16)
@@ -121,8 +121,8 @@ def pending_text(missing: dict, checks: dict) -> str:
 
 
 def first_module_end(K: int) -> int:
-    """The layer point where ResNet-32's first local module ends (paper split)."""
-    return {2: 8, 4: 4, 8: 2, 16: 1}[K]
+    """The layer point where the first local module of the analysis figure's network ends (paper split)."""
+    return module_ends(ANALYSIS_FIGURE_ARCH, K)[0]
 
 
 def at_layers(rows: pd.DataFrame, value: str, method: str, layer_of) -> dict:
