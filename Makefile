@@ -114,9 +114,12 @@ cpu-weights:  ## the CPU-trained networks' weights, back from git's history
 	$(call restore_from_history,$(FIXTURE_WEIGHTS))
 	$(call restore_from_history,$(SCHEDULE_CHECK_WEIGHTS))
 
-# Where each run of GRID stands in results/runs: done (test error), partial or missing (minutes left), and in all.
+# Where each run of each GRID stands in results/runs: done (test error), partial or missing (minutes left), and in
+# all, with the GPU time left and the leases of LEASE_MINUTES device-minutes it needs at least (empty: not counted).
 # DATASET: the committed runs are the JPEG copy's (cifar10-jpeg); a user's own runs of CIFAR-10 are cifar10's.
-GRID ?= table2-resnet32
+GRID ?= table2-resnet32 table2-dgl-resnet32
 DATASET ?= cifar10-jpeg
-status:  ## where each run of GRID (default table2-resnet32) stands, and the training left
-	$(PYTHON) -m experiments.grid $(GRID) --dataset $(DATASET) --status --out $(RESULTS)/runs
+LEASE_MINUTES ?= 15
+status:  ## where each run of Table 2's grids (GRID) stands, and the training and GPU time left
+	@$(foreach grid,$(GRID),echo "== $(grid)" && $(PYTHON) -m experiments.grid $(grid) --dataset $(DATASET) --status \
+	    --out $(RESULTS)/runs $(if $(LEASE_MINUTES),--lease-minutes $(LEASE_MINUTES)) &&) true

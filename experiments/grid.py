@@ -30,8 +30,8 @@ from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS, dataset_source
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
-from infopro.grid import (GRIDS, MEASURED_EPOCHS, RunsFailed, get_grid, measure_jobs, run_grid, run_state, run_status,
-                          status_summary)
+from infopro.grid import (GRIDS, MEASURED_EPOCHS, RunsFailed, get_grid, grid_status, measure_jobs, run_grid,
+                          run_state, status_summary)
 from infopro.records import check_writable
 from infopro.step import STEP_MODES
 
@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="results/runs", help="folder holding one directory per run")
     p.add_argument("--status", action="store_true",
                    help="list done / partial / missing runs (test error, time left) and exit")
+    p.add_argument("--lease-minutes", type=positive, metavar="MIN",
+                   help="with --status: also count the GPU leases of MIN device-minutes the rest needs at least")
     p.add_argument("--measure-jobs", type=at_least(1), nargs="+", metavar="N",
                    help="measure aggregate images/s with N trainings at once (each N in turn) and exit")
     p.add_argument("--bench-out", default="results/bench", help="folder for the --measure-jobs CSV")
@@ -70,7 +72,7 @@ def main(argv=None):
     dataset = args.dataset or (dataset_here(grid, args, root) if args.status else None)
     configs = grid.configs(args.seeds, args.only, **({"dataset": dataset} if dataset else {}))
     if args.status:
-        print_status(configs, root)
+        print_status(configs, root, args.lease_minutes)
         return
     if args.measure_jobs:
         report_jobs(args, configs[0])
@@ -103,13 +105,13 @@ def dataset_here(grid, args, root: Path) -> str | None:
     return others[0]
 
 
-def print_status(configs, root: Path) -> None:
+def print_status(configs, root: Path, lease_minutes: float | None = None) -> None:
     """One line per run: its state, its id and, where there is one, its error or its time left;
-    then how many runs are in each state and the minutes of training left in all."""
-    statuses = [run_status(config, root) for config in configs]
+    then how many runs are in each state, the minutes of training left in all and the GPU time they need."""
+    statuses = grid_status(configs, root)
     for config, status in zip(configs, statuses):
         print(f"{status.state:<24} {config.run_id()}" + (f": {status.detail}" if status.detail else ""))
-    print("\n".join(status_summary(statuses)))
+    print("\n".join(status_summary(statuses, lease_minutes)))
 
 
 def report_jobs(args, config) -> None:

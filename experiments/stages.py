@@ -31,7 +31,7 @@ from infopro.bench_methods import default_methods
 from infopro.cli import call
 from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, fastest_mode, method_key
 from infopro.errors import InfoProError
-from infopro.grid import get_grid, run_state, run_status, status_summary
+from infopro.grid import get_grid, grid_status, run_state, status_summary
 from infopro.records import REPO_ROOT, UNKNOWN, is_temporary, read_table
 from infopro.remainder_steps import fastest_step, steps_csv
 from infopro.splits import key_layer_points
@@ -307,7 +307,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
                                             "--out", str(runs)]
                      + (["--seeds", *map(str, seeds)] if seeds else []) + (["--only", *only] if only else []),
                      minutes=2,
-                     progress=lambda: status_summary([run_status(config, runs) for config in configs]),
+                     progress=lambda: status_summary(grid_status(configs, runs)),
                      reads=lambda: [path for path in (runs / config.run_id() / "checkpoint.pt" for config in configs)
                                     if path.is_file() and not (path.parent / "summary.json").is_file()])
 

@@ -6,6 +6,7 @@ ones resumed, and every run is given the time left, so that it stops after an ep
 and never mid-write when a time budget ends.
 """
 
+import math
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from infopro.cli import stop_children
 from infopro.config import TrainConfig
 from infopro.errors import InfoProError
+from infopro.paces import AlonePace, alone_paces, recent_pace
 from infopro.records import REPO_ROOT, read_json
 from infopro.runs import read_metrics, select_by_run_id
 
@@ -125,54 +127,61 @@ def run_state(config: TrainConfig, root: Path) -> str:
     return "missing"
 
 
-RECENT_EPOCHS = 10  # the epochs whose median sets a run's pace in the plan (`recent_pace`)
-
-
 @dataclass(frozen=True)
 class RunStatus:
     """What planning GPU time needs of one run: its state (`run_state`), a finished run's test
-    error or an unfinished run's time left as text, and that time in minutes (None: not known)."""
+    error or an unfinished run's time left as text, that time in minutes (None: not known), and the
+    minutes of `gpu`'s time it needs (None: no epoch of its configuration records its share of a GPU,
+    `infopro.paces.alone_paces`)."""
 
     state: str
     detail: str = ""
     minutes_left: float | None = None
+    gpu_minutes: float | None = None
+    gpu: str = ""
 
 
-def run_status(config: TrainConfig, root: Path) -> RunStatus:
+def grid_status(configs: list[TrainConfig], root: Path) -> list[RunStatus]:
+    """`run_status` of each of `configs`, the GPU shares read once from every run under `root`."""
+    alone = alone_paces(root) if root.is_dir() else {}
+    return [run_status(config, root, alone) for config in configs]
+
+
+def run_status(config: TrainConfig, root: Path, alone: dict[str, AlonePace] | None = None) -> RunStatus:
     """A finished run's final test error; an unfinished run's minutes left at its recent pace
     (`recent_pace`); a missing run's at the recent pace of the same configuration at another seed.
-    Every pace is as measured, on whatever machine and with however many runs beside it."""
-    state, run = run_state(config, root), root / config.run_id()
+    Every such pace is as measured, on whatever machine and with however many runs beside it; the GPU
+    minutes come from `alone` (`grid_status`): the run's own share of its GPU, else another seed's."""
+    state, run, alone = run_state(config, root), root / config.run_id(), alone or {}
     if state == "done":
         error = read_json(run / "summary.json", ("final_test_error",))["final_test_error"]
         return RunStatus(state, f"{error:.2f}% test error")
-    if state == "missing":
-        return missing_run_status(config, root)
-    metrics = read_metrics(run, ("epoch_seconds",))
+    metrics = read_metrics(run, ("epoch_seconds",)) if state != "missing" else None
+    epochs_left = config.epochs - (0 if metrics is None else len(metrics))
+    pace = next((alone[name] for name in (config.run_id(), *other_seeds(config, alone)) if name in alone), None)
+    gpu = {} if pace is None else dict(gpu_minutes=epochs_left * pace.seconds / 60, gpu=pace.device)
+    if metrics is None:
+        return replace(missing_run_status(config, root), **gpu)
     if metrics.empty:
-        return RunStatus(state)
+        return RunStatus(state, **gpu)
     seconds = recent_pace(metrics["epoch_seconds"])
-    minutes = (config.epochs - len(metrics)) * seconds / 60
-    return RunStatus(state, f"about {minutes:.0f} min left at its recent pace ({seconds:.1f} s an epoch)", minutes)
+    minutes = epochs_left * seconds / 60
+    return RunStatus(state, f"about {minutes:.0f} min left at its recent pace ({seconds:.1f} s an epoch)", minutes,
+                     **gpu)
 
 
-def recent_pace(epoch_seconds) -> float:
-    """Seconds per epoch to plan with: the median of the last `RECENT_EPOCHS` epochs.
-
-    Why recent: a change to the training step moves the pace from then on (taking the host copies out
-    of the step took InfoPro (Contrast) K = 16 from 26.9 to 15.1 s an epoch halfway through its run).
-    Why a median: the last epochs of a call on a GPU can run alone (a third of their pace beside three
-    others) and a few epochs may run on a CPU, hundreds of times slower; neither should set the plan.
-    """
-    return float(epoch_seconds.iloc[-RECENT_EPOCHS:].median())
+def other_seeds(config: TrainConfig, run_ids) -> list[str]:
+    """The ids among `run_ids` of `config`'s configuration at other seeds, sorted."""
+    stem = config.run_id().rsplit("-s", 1)[0]
+    return sorted(name for name in run_ids if name.rsplit("-s", 1)[0] == stem and name != config.run_id())
 
 
 def missing_run_status(config: TrainConfig, root: Path) -> RunStatus:
     """A run not yet started, timed by the recent pace of the other seed of its configuration that
     ran the most epochs."""
     stem = config.run_id().rsplit("-s", 1)[0]
-    others = [run for run in sorted(root.glob(f"{stem}-s*")) if run.name.rsplit("-s", 1)[0] == stem
-              and run.name != config.run_id() and (run / "metrics.csv").exists()]
+    others = [root / name for name in other_seeds(config, (run.name for run in root.glob(f"{stem}-s*")))
+              if (root / name / "metrics.csv").exists()]
     paces = {run.name: read_metrics(run, ("epoch_seconds",))["epoch_seconds"] for run in others}
     paces = {name: seconds for name, seconds in paces.items() if len(seconds)}
     if not paces:
@@ -184,11 +193,13 @@ def missing_run_status(config: TrainConfig, root: Path) -> RunStatus:
                      minutes)
 
 
-def status_summary(statuses: list[RunStatus]) -> list[str]:
-    """Two lines on a grid's runs: how many are done, partial and missing, and the training left."""
+def status_summary(statuses: list[RunStatus], lease_minutes: float | None = None) -> list[str]:
+    """Lines on a grid's runs: how many are done, partial and missing, the training left, and the GPU
+    time it needs (with `lease_minutes`, the leases of that many device-minutes it needs at least)."""
     states = [status.state.split(" ")[0] for status in statuses]
     counts = ", ".join(f"{states.count(state)} {state}" for state in ("done", "partial", "missing"))
-    return [counts, time_left_line([status for status in statuses if status.state != "done"])]
+    unfinished = [status for status in statuses if status.state != "done"]
+    return [counts, time_left_line(unfinished)] + ([gpu_time_line(unfinished, lease_minutes)] if unfinished else [])
 
 
 def time_left_line(unfinished: list[RunStatus]) -> str:
@@ -201,6 +212,27 @@ def time_left_line(unfinished: list[RunStatus]) -> str:
     if unknown:
         parts.append(f"{run_count(unknown)} not timed (no seed of theirs has run an epoch)")
     return "; ".join(parts) or "nothing left to train"
+
+
+def gpu_time_line(unfinished: list[RunStatus], lease_minutes: float | None = None) -> str:
+    """The GPU time the unfinished runs need, counted from each epoch's share of its GPU
+    (`infopro.paces`), not from paces measured beside an unrecorded number of other runs; and, with
+    `lease_minutes`, the leases it takes at least (were every minute of a lease training)."""
+    timed = [status for status in unfinished if status.gpu_minutes is not None]
+    untimed = len(unfinished) - len(timed)
+    parts = []
+    if timed:
+        minutes = sum(status.gpu_minutes for status in timed)
+        gpus = ", ".join(sorted({status.gpu for status in timed}))
+        parts.append(f"about {minutes:.0f} min of GPU time ({gpus}) in {run_count(len(timed))}, each at the share "
+                     "of the GPU its configuration's recent epochs took")
+        if lease_minutes:
+            leases = math.ceil(minutes / lease_minutes)
+            parts.append(f"at least {leases} lease{'s' * (leases != 1)} of {lease_minutes:g} device-minutes")
+    if untimed:
+        parts.append(f"{run_count(untimed)} without a GPU share on record (no epoch of their configuration on a GPU "
+                     "recorded when it ran)")
+    return "; ".join(parts)
 
 
 def run_count(n: int) -> str:

@@ -203,9 +203,16 @@ def test_make_status_lists_the_grid_in_the_results_given(tmp_path):
     status = subprocess.run(["make", "-s", "status", f"RESULTS={tmp_path}", "GRID=cpu-fixture"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stderr
-    assert status.stdout.splitlines()[-2:] == ["0 done, 0 partial, 17 missing",
-                                               "17 runs not timed (no seed of theirs has run an epoch)"]
+    lines = status.stdout.splitlines()
+    assert lines[0] == "== cpu-fixture" and lines[-3:] == [
+        "0 done, 0 partial, 17 missing", "17 runs not timed (no seed of theirs has run an epoch)",
+        "17 runs without a GPU share on record (no epoch of their configuration on a GPU recorded when it ran)"]
     assert "cifar10-jpeg-resnet32-e2e-K1-n10000-e12-b128-s0" in status.stdout  # the committed runs' dataset
+    both = subprocess.run(["make", "-s", "status", f"RESULTS={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # by default, Table 2's two grids: the methods', then DGL's row
+    assert both.returncode == 0, both.stderr
+    assert [line for line in both.stdout.splitlines() if line.startswith("==")] == [
+        "== table2-resnet32", "== table2-dgl-resnet32"]
 
 
 def test_make_builds_figures_and_tables_in_one_process_per_command():

@@ -128,10 +128,11 @@ def test_runs_that_never_trained_at_once_are_refused():
 def test_status_lists_every_run_of_the_grid(tmp_path):
     done = run_main("experiments.grid", "table2-resnet32", "--seeds", "1", "0", "1", "--status", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
-    *lines, counts, left = done.stdout.strip().splitlines()
+    *lines, counts, left, gpu = done.stdout.strip().splitlines()
     assert len(lines) == 26 and all(line.startswith("missing") for line in lines)  # seed 1 given twice runs once
     assert counts == "0 done, 0 partial, 26 missing"
     assert left == "26 runs not timed (no seed of theirs has run an epoch)"
+    assert gpu.startswith("26 runs without a GPU share on record")
     assert lines[0].endswith("-s1") and lines[-5].endswith("-softmax-K16-s0")  # the seeds in the order given,
     assert lines[-1].endswith("-softmax-K16-s1")  # then softmax past the grid's first seed
 
@@ -165,7 +166,9 @@ def test_status_gives_each_runs_error_or_time_left_and_the_time_left_in_all(tmp_
         "missing                  cifar10-jpeg-resnet32-infopro-softmax-K8-s1",
         "1 done, 1 partial, 4 missing",
         f"about {in_all:.0f} min of training left in 3 runs, each at the pace given; "
-        "2 runs not timed (no seed of theirs has run an epoch)"]
+        "2 runs not timed (no seed of theirs has run an epoch)",
+        # the committed K = 8 runs trained before each epoch recorded when it ran: no GPU share
+        "5 runs without a GPU share on record (no epoch of their configuration on a GPU recorded when it ran)"]
 
 
 def test_a_runs_pace_is_its_last_ten_epochs_median(tmp_path):
@@ -231,7 +234,7 @@ def test_only_runs_the_configurations_whose_run_id_matches(tmp_path):
     chosen = run_main("experiments.grid", "cpu-fixture", "--seeds", "2", "--only", "K2-", "--status",
                       "--out", str(tmp_path))
     assert chosen.returncode == 0, chosen.stderr
-    assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()[:-2]] == [
+    assert [line.split()[-1] for line in chosen.stdout.strip().splitlines()[:-3]] == [
         f"cifar10-jpeg-resnet32-{method}-K2-n10000-e12-b128-s2"
         for method in ("greedy", "infopro-contrast", "infopro-softmax", "dgl")]
     refused = run_main("experiments.grid", "cpu-fixture", "--only", "K3-", "--status", "--out", str(tmp_path))

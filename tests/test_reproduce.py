@@ -274,13 +274,14 @@ def test_cli_lists_the_plan_and_refuses_to_run_without_budget_or_gpu(tmp_path):
     result = run_main("experiments.reproduce", "--plan", "--results", str(tmp_path))
     lines = result.stdout.splitlines()
     stage_lines = [line for line in lines if not line.startswith(" ")]
-    assert result.returncode == 0 and len(stage_lines) == 14 and len(lines) == 22
+    assert result.returncode == 0 and len(stage_lines) == 14 and len(lines) == 26
     assert all(line.startswith("to do") for line in stage_lines)
     assert [line.split()[2] for line in stage_lines[-4:]] == ["table2", "dgl", "bf16-twins", "table3-compiled"]
-    for stage, runs in ((-10, 39), (-7, 12), (-4, 2)):  # each grid stage ends with `grid --status`'s two totals
-        counts, left = lines[stage + 1:][:2]
+    for stage, runs in ((-13, 39), (-9, 12), (-5, 2)):  # each grid stage ends with `grid --status`'s three totals
+        counts, left, gpu = lines[stage + 1:][:3]
         assert (counts.strip(), left.strip()) == (f"0 done, 0 partial, {runs} missing",
                                                   f"{runs} runs not timed (no seed of theirs has run an epoch)")
+        assert gpu.strip().startswith(f"{runs} runs without a GPU share on record")
     for args, message in (([], "--time-budget"), (["--time-budget", "5"], "no CUDA device")):
         result = run_main("experiments.reproduce", *args, "--results", str(tmp_path))
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,83 @@
+"""Paces to plan GPU time with: each epoch's share of a GPU that runs shared, and a grid's GPU time left."""
+
+import json
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from infopro.grid import RunStatus, get_grid, gpu_time_line, grid_status, status_summary
+from infopro.paces import AlonePace, alone_paces, shared_seconds
+
+
+def test_an_interval_alone_keeps_its_length_and_overlaps_split_each_moment_evenly():
+    assert shared_seconds([(0, 10)]) == [10]
+    assert shared_seconds([(0, 10), (5, 15)]) == [7.5, 7.5]  # 5 s alone and half of the 5 s together, each
+    assert shared_seconds([(0, 4), (4, 8)]) == [4, 4]  # one after the other: nothing shared
+    # Three at once from 2 to 4 s: a third each; the first alone for 8 s. The shares add up to the time covered.
+    shares = shared_seconds([(0, 10), (2, 4), (2, 4)])
+    assert shares == pytest.approx([8 + 2 / 3, 2 / 3, 2 / 3]) and sum(shares) == pytest.approx(10)
+    # An epoch timed at 0 s (its start is its end) shares no moment, and does not stay running after it.
+    assert shared_seconds([(0, 0), (0, 4), (4, 8)]) == [0, 4, 4]
+
+
+def write_run(root, run_id, gpu, intervals, ended_at=True):
+    """A run directory whose epochs trained over the given (start, end) Unix seconds, last on `gpu` (None: a CPU)."""
+    run = root / run_id
+    run.mkdir(parents=True)
+    device = {"device": "cuda", "device_name": gpu} if gpu else {"device": "cpu", "device_name": "some CPU"}
+    (run / "config.json").write_text(json.dumps({"run_id": run_id, "provenance": device}))
+    metrics = pd.DataFrame({"epoch": range(1, len(intervals) + 1),
+                            "epoch_seconds": [end - start for start, end in intervals]})
+    if ended_at:
+        metrics["ended_at"] = [end for _, end in intervals]
+    metrics.to_csv(run / "metrics.csv", index=False)
+
+
+def test_runs_sharing_a_gpu_each_need_their_share_of_it_and_runs_elsewhere_are_apart(tmp_path):
+    """Two runs took 4 s an epoch side by side on an H100: 2 s of it each. A run on an H200 at the same
+    moments shared nothing with them (another machine); a CPU run and one from before `ended_at` give no share."""
+    both = [(t, t + 4.0) for t in range(0, 40, 4)]
+    write_run(tmp_path, "a-s0", "H100", both)
+    write_run(tmp_path, "b-s0", "H100", both)
+    write_run(tmp_path, "c-s0", "H200", both)
+    write_run(tmp_path, "d-s0", None, both)
+    write_run(tmp_path, "e-s0", "H100", both, ended_at=False)
+    assert alone_paces(tmp_path) == {"a-s0": AlonePace(2.0, "H100"), "b-s0": AlonePace(2.0, "H100"),
+                                     "c-s0": AlonePace(4.0, "H200")}
+
+
+def test_a_runs_gpu_share_is_its_last_ten_epochs_median(tmp_path):
+    """Four runs at once, then the last epoch alone: the share is a quarter of the shared epochs (the
+    median of the last ten), not the alone epoch's whole length."""
+    shared = [(t, t + 8.0) for t in range(0, 96, 8)]
+    for name in ("a", "b", "c"):
+        write_run(tmp_path, f"{name}-s0", "H100", shared)
+    write_run(tmp_path, "d-s0", "H100", shared + [(96.0, 98.0)])
+    assert alone_paces(tmp_path)["d-s0"] == AlonePace(2.0, "H100")
+
+
+def test_the_gpu_time_left_comes_from_each_runs_share_or_another_seeds(tmp_path):
+    """Seed 0 of E2E trained 10 of its 160 epochs at 3 s an epoch alone; seed 1 has not started: 150 and
+    160 epochs at seed 0's share. Greedy SL K = 2 has no share on record (trained before `ended_at`)."""
+    configs = [replace(config, epochs=160) for config in get_grid("table2-resnet32").configs(
+        seeds=(0, 1), only=["e2e", "greedy-K2-"], dataset="cifar10-jpeg")]
+    e2e0, greedy0 = (config.run_id() for config in configs[:2])
+    write_run(tmp_path, e2e0, "H200", [(3.0 * i, 3.0 * i + 3) for i in range(10)])
+    write_run(tmp_path, greedy0, "H200", [(100.0, 104.0)], ended_at=False)
+    statuses = grid_status(configs, tmp_path)
+    assert [status.gpu_minutes for status in statuses] == [150 * 3 / 60, None, 160 * 3 / 60, None]
+    assert statuses[0].gpu == "H200"
+    assert status_summary(statuses, lease_minutes=15)[-1] == (
+        "about 16 min of GPU time (H200) in 2 runs, each at the share of the GPU its configuration's recent "
+        "epochs took; at least 2 leases of 15 device-minutes; 2 runs without a GPU share on record (no epoch of their "
+        "configuration on a GPU recorded when it ran)")
+
+
+def test_the_gpu_time_line_counts_leases_only_when_asked_and_only_of_the_runs_it_can_time():
+    timed, untimed = RunStatus("missing", gpu_minutes=20.0, gpu="H200"), RunStatus("missing")
+    assert gpu_time_line([timed]) == ("about 20 min of GPU time (H200) in 1 run, each at the share of the GPU "
+                                      "its configuration's recent epochs took")
+    assert gpu_time_line([timed], lease_minutes=10).endswith("; at least 2 leases of 10 device-minutes")
+    assert gpu_time_line([untimed], lease_minutes=10) == ("1 run without a GPU share on record (no epoch of their "
+                                                          "configuration on a GPU recorded when it ran)")
