@@ -12,7 +12,7 @@ ends, and only what a command leaves under $OUT comes back. Run in the foregroun
 packed checkpoints. `start` starts it instead in a process session of its own, which outlives the
 call, with a time budget that ends it, at an epoch boundary, before the lease does; each `wait`
 prints the job's new log lines while it runs, and at its end packs every results file the lease
-has written so far (`experiments.stages.pack`: checkpoints included, never a half-written file)
+has written so far (`experiments.travel.pack`: checkpoints included, never a half-written file)
 into $OUT. The next call must come within the machine's idle time, or the job is lost with it.
 `aside` and `home` run here, around the lease (experiments.travel): the weights the lease reads
 last stay here while it runs, so that the tree and the data fit what a call carries. A lent machine
@@ -29,8 +29,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from experiments.stages import check_code_is_named, pack, results_since, stages
-from experiments.travel import bring_home, leave_home
+from experiments.stages import check_code_is_named, stages
+from experiments.travel import bring_home, leave_home, pack, results_since
 from infopro.cli import ArgumentParser, positive, run
 from infopro.errors import InfoProError
 from infopro.records import REPO_ROOT, check_writable, git_state, write_json

@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.stages import check_code_is_named, pack, results_since, run_stages, stages
+from experiments.stages import check_code_is_named, run_stages, stages
+from experiments.travel import pack, results_since
 from infopro.bench import device_slug
 from infopro.cli import ArgumentParser, positive, run
 from infopro.device import resolve_device

@@ -1,4 +1,5 @@
-"""What a lease's calls carry: the working tree within one call's limit, the weights read last left home.
+"""What a lease's calls carry there and back: the working tree within one call's limit, the weights read last
+left home, and the results a call wrote packed into parts that come back.
 
     python -m experiments.lease aside --carry .data          # here, before the lease's first call
     python -m experiments.lease home --parts FOLDER          # here, after its last call
@@ -12,7 +13,8 @@ push a call over. One lease reaches only the first stages of the plan (experimen
 stage reads, then those the latest stages read, until the rest fits. A remainder stage whose
 weights stayed home is not in that lease's plan (its stage exists only beside its `model.pt`).
 `home` unpacks the last call's parts, puts the weights back and removes the checkpoint of every run
-that finished in the lease (the machine deleted it there; the tar parts cannot say so).
+that finished in the lease (the machine deleted it there; the tar parts cannot say so). On the machine,
+`pack` writes what a call made into those parts (`experiments.reproduce --pack-to`, `lease wait`).
 """
 
 import math
@@ -22,6 +24,7 @@ import tarfile
 from pathlib import Path
 
 from infopro.errors import InfoProError
+from infopro.records import is_temporary
 
 WEIGHTS = ("model.pt", "checkpoint.pt")  # what a run directory holds that a stage may start from
 MIB = 2**20
@@ -111,7 +114,7 @@ def leave_home(root: Path, runs: Path, plan: list, carry: list[str], aside: Path
 
 
 def unpack(parts: Path, root: Path, log=print) -> None:
-    """Put a call's returned results parts (`experiments.stages.pack`) where they were made."""
+    """Put a call's returned results parts (`pack` below) where they were made."""
     tars = sorted(parts.glob("results-*.tar"))
     if not tars:
         raise InfoProError(f"{parts}: no results-*.tar parts here (the folder a call's files came back to)")
@@ -146,3 +149,52 @@ def bring_home(root: Path, runs: Path, aside: Path, parts: Path | None = None, l
     if kept:
         raise InfoProError(f"the lease wrote {', '.join(map(str, kept))}, which were set aside as well: the lease's "
                            f"copies are in place, the older ones still in {aside}")
+
+
+TAR_BLOCK, TAR_RECORD = 512, 20 * 512
+
+
+def results_since(results: Path, since: float) -> list[Path]:
+    """The files under `results` written at or after `since` (seconds since the epoch), in path
+    order: what one call made, the checkpoints of its unfinished runs included, and not the
+    half-written temporaries of a training killed mid-write."""
+    return [path for path in sorted(results.rglob("*"))
+            if path.is_file() and not is_temporary(path) and path.stat().st_mtime >= since]
+
+
+def tar_bytes(sizes: list[int]) -> int:
+    """The size of an uncompressed tar holding files of `sizes`: a header block per member, its data
+    padded to whole blocks, two closing blocks, the whole padded to a record."""
+    blocks = sum(1 + -(-size // TAR_BLOCK) for size in sizes) + 2
+    return -(-blocks * TAR_BLOCK // TAR_RECORD) * TAR_RECORD
+
+
+def pack(files: list[Path], root: Path, out: Path, max_bytes: int) -> list[Path]:
+    """Write `files` into tar parts `out/results-1.tar`, `-2`, ... of at most `max_bytes` each,
+    named relative to `root` so that `tar xf PART` in the repository puts them back.
+
+    Why: a lent GPU machine can be taken back between two calls, and only files under a size limit
+    come back from a call. A call that packs its own results loses nothing when the machine is gone
+    before the next one, and checkpoints of partial runs travel in parts small enough to come back.
+    A file larger than `max_bytes` goes alone into its own part, which is then the only one over it.
+    Parts of an earlier packing in `out` are removed first: packed again after every stage, a
+    call's files may fill fewer parts than before (a checkpoint rewritten smaller), and a part
+    left over would put older copies back.
+    """
+    for stale in out.glob("results-*.tar"):
+        stale.unlink()
+    groups: list[list[Path]] = []
+    for path in files:
+        if groups and tar_bytes([p.stat().st_size for p in groups[-1] + [path]]) <= max_bytes:
+            groups[-1].append(path)
+        else:
+            groups.append([path])
+    out.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for number, group in enumerate(groups, start=1):
+        part = out / f"results-{number}.tar"
+        with tarfile.open(part, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for path in group:
+                tar.add(path, arcname=str(path.relative_to(root)))
+        parts.append(part)
+    return parts

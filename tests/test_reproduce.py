@@ -17,7 +17,8 @@ from conftest import REPO, run_main
 from infopro.bench_methods import default_methods
 from infopro.errors import InfoProError
 from infopro.records import git_state
-from experiments.stages import Stage, best_jobs, check_code_is_named, pack, results_since, run_stages, stages
+from experiments.stages import Stage, best_jobs, check_code_is_named, run_stages, stages
+from experiments.travel import pack, results_since
 
 
 def python_stage(name: str, code: str, done=lambda: False, minutes: float = 0) -> Stage:
@@ -52,8 +53,9 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
     """Nothing to plan before a budget is chosen (the command refuses at once); then the guess until a pass
     was timed on that GPU; then the ceiling's rate per unit of point work; then the slowest network
     pass's: each scaled to the points' work and the budget the ceiling chose."""
-    from experiments.stages import (GUESS_SECONDS_PER_WORK, REMAINDER_MARGIN, REMAINDER_REFERENCE,
-                                    REMAINDER_START_MINUTES, point_work, remainder_minutes)
+    from experiments.remainder_plan import (GUESS_SECONDS_PER_WORK, REMAINDER_MARGIN, REMAINDER_START_MINUTES,
+                                            point_work, remainder_minutes)
+    from experiments.stages import REMAINDER_REFERENCE
 
     mi, ceilings = tmp_path / "mutual_information.csv", tmp_path / "remainder_ceiling.csv"
     bench = tmp_path / "bench"
@@ -96,7 +98,8 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
 
 
 def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_agreeing(tmp_path):
-    from experiments.stages import REMAINDER_REFERENCE, measured_seconds_per_work
+    from experiments.remainder_plan import measured_seconds_per_work
+    from experiments.stages import REMAINDER_REFERENCE
 
     (tmp_path / "runs" / REMAINDER_REFERENCE).mkdir(parents=True)
     (tmp_path / "runs" / REMAINDER_REFERENCE / "model.pt").touch()
@@ -119,7 +122,8 @@ def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_
 def test_a_remainder_stage_estimates_the_points_that_fit_and_continues_where_it_stopped(tmp_path):
     """Each call trains the longest start of the missing points that fits the minutes left (at least
     one); the rows written are not asked for again."""
-    from experiments.stages import REMAINDER_REFERENCE, points_that_fit
+    from experiments.remainder_plan import points_that_fit
+    from experiments.stages import REMAINDER_REFERENCE
 
     work = {layer: 17 - layer for layer in range(1, 17)}
     assert points_that_fit([1, 2, 3, 4], lambda points: sum(work[p] for p in points), 45.5) == [1, 2, 3]

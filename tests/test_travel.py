@@ -5,8 +5,8 @@ import subprocess
 import pytest
 
 from conftest import run_main
-from experiments.stages import Stage, pack
-from experiments.travel import bring_home, call_bytes, leave_home
+from experiments.stages import Stage
+from experiments.travel import bring_home, call_bytes, leave_home, pack
 from infopro.errors import InfoProError
 
 KIB = 1024
