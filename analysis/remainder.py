@@ -30,12 +30,11 @@ from dataclasses import replace
 from analysis.probe import LAYERS_HELP, layer_list
 from infopro.analysis import (analyse_runs, chosen_epochs, measure_ceilings, remainder_run, remainder_settings,
                               remainder_steps_run)
-from infopro.bench import device_slug
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.config import PRECISIONS
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
-from infopro.records import check_writable, write_csv
+from infopro.records import check_writable, device_slug, write_csv
 from infopro.remainder import STEPS, RemainderSettings
 from infopro.remainder_steps import steps_csv
 from infopro.runs import Run, finished_runs

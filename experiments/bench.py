@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from infopro.bench import count_work, device_slug, summary_table
+from infopro.bench import count_work, summary_table
 from infopro.bench_methods import Method, default_methods
 from infopro.bench_runner import max_batches, run_methods, run_profiles
 from infopro.cli import ArgumentParser, at_least, positive, run
@@ -33,7 +33,7 @@ from infopro.device import configure_backends, resolve_device
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.pipeline import compare_pipelines
-from infopro.records import check_writable, provenance, write_csv
+from infopro.records import check_writable, device_slug, provenance, write_csv
 
 MEASUREMENTS = ("steps", "max-batch", "pipeline", "work", "profile")
 QUICK = {"batch_size": 32, "steps": 3, "warmup": 1, "pipeline_images": 512}

@@ -14,20 +14,20 @@ InfoPro K = 16). The grid trains in the fastest fp32 mode measured there (`exper
 import time
 from pathlib import Path
 
-from infopro.bench import device_slug
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.config import PRECISIONS, TrainConfig
 from infopro.data import DATASETS, dataset_source
 from infopro.device import resolve_device
 from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, epoch_rows, short_recipe
 from infopro.grid import get_grid
-from infopro.records import check_writable, read_table, write_csv
+from infopro.records import check_writable, device_slug, read_table, write_csv
+from infopro.step import epoch_csv
 
 QUICK = dict(train_subset=256, test_subset=64, batch_size=64)  # a CPU smoke run
 
 
 def epoch_table_path(out, device) -> Path:
-    return Path(out) / f"epoch-resnet32-{device_slug(device)}.csv"
+    return epoch_csv(Path(out), device_slug(device))
 
 
 def parse_args(argv=None):

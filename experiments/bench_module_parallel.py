@@ -14,7 +14,7 @@ Writes results/bench/module-parallel-<arch>-<regime>-b<batch>-<device>.csv with 
 import tempfile
 from pathlib import Path
 
-from infopro.bench import device_slug, write_measurement
+from infopro.bench import write_measurement
 from infopro.cli import ArgumentParser, at_least, run
 from infopro.config import TrainConfig
 from infopro.data import DATASETS
@@ -22,7 +22,7 @@ from infopro.device import resolve_device
 from infopro.local import REGIMES
 from infopro.models import ARCHS
 from infopro.module_parallel_throughput import compare_throughput
-from infopro.records import check_writable, provenance
+from infopro.records import check_writable, device_slug, provenance
 
 
 def parse_args(argv=None):

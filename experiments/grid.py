@@ -25,14 +25,14 @@ GPU (3.3 h of training on 2 CPU cores, measured);
 import tempfile
 from pathlib import Path
 
-from infopro.bench import device_slug, write_measurement
+from infopro.bench import write_measurement
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS, dataset_source
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
 from infopro.grid import (GRIDS, MEASURED_EPOCHS, RunsFailed, get_grid, grid_status, measure_jobs, run_grid,
                           run_state, status_summary)
-from infopro.records import check_writable
+from infopro.records import check_writable, device_slug
 from infopro.step import STEP_MODES
 
 
@@ -48,7 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--time-budget", type=positive, metavar="MIN", help="stop cleanly within MIN minutes")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--step", default="auto", choices=STEP_MODES,
-                   help="each training's step mode (experiments.train --step; default: auto, compiled on CUDA)")
+                   help="each training's step mode (experiments.train --step; default: auto, the faster on this "
+                        "GPU model by its epoch benchmark, else eager)")
     p.add_argument("--data-root")
     p.add_argument("--out", default="results/runs", help="folder holding one directory per run")
     p.add_argument("--status", action="store_true",

@@ -10,9 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infopro.analysis import chosen_epochs
-from infopro.bench import name_slug
 from infopro.errors import InfoProError
-from infopro.records import read_table
+from infopro.records import name_slug, read_table
 from infopro.remainder_steps import fastest_step, steps_csv
 from infopro.splits import key_layer_points
 

@@ -31,11 +31,10 @@ from pathlib import Path
 
 from experiments.stages import check_code_is_named, run_stages, stages
 from experiments.travel import pack, results_since
-from infopro.bench import device_slug
 from infopro.cli import ArgumentParser, positive, run
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
-from infopro.records import check_writable, git_state
+from infopro.records import check_writable, device_slug, git_state
 from infopro.runs import read_metrics
 
 

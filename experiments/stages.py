@@ -29,11 +29,12 @@ from experiments.remainder_plan import (missing_points, network_points, points_p
                                        remainder_minutes, remainder_step, steps_table)
 from infopro.bench_methods import default_methods
 from infopro.cli import call
-from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, fastest_mode, method_key
+from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, method_key
 from infopro.errors import InfoProError
 from infopro.grid import get_grid, grid_status, run_state, status_summary
 from infopro.records import REPO_ROOT, UNKNOWN, read_table
 from infopro.remainder_steps import steps_csv
+from infopro.step import auto_step_mode, epoch_csv, read_epoch_table
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
@@ -146,9 +147,7 @@ def best_jobs(bench: Path, gpu: str | None) -> int:
 
 def epoch_tables(bench: Path, gpu: str | None = None) -> list:
     """The epoch benchmark's tables of `gpu` (None: any GPU)."""
-    return [read_table(path, "delete it to measure the epochs again", ("method", "K", "mode", "precision"),
-                       may_be_blank=("epoch_seconds",))  # a failed mode's row: kept, so it is never trained in
-            for path in gpu_files(bench, f"epoch-resnet32-{gpu or '*'}.csv")]
+    return [read_epoch_table(path) for path in gpu_files(bench, epoch_csv(bench, gpu or "*").name)]
 
 
 def epochs_measured(bench: Path, gpu: str | None = None) -> bool:
@@ -159,11 +158,10 @@ def epochs_measured(bench: Path, gpu: str | None = None) -> bool:
 
 
 def training_step_mode(bench: Path, gpu: str | None) -> str:
-    """The step mode the grids train in on `gpu`: the fastest fp32 mode its epoch benchmark measured for a
-    run's process, compiling included (`fastest_mode`), or `auto` (compiled on CUDA) before it has
-    measured both."""
-    tables = epoch_tables(bench, gpu) if gpu else []
-    return (fastest_mode(tables[-1]) if tables else None) or "auto"
+    """The step mode the grids train in on `gpu`, named in their command: the fastest fp32 mode its epoch
+    benchmark under `bench` measured for a run's process, compiling included, else eager
+    (`infopro.step.auto_step_mode`); `auto` when only planning, the GPU unknown."""
+    return auto_step_mode(gpu, bench) if gpu else "auto"
 
 
 def ceiling_measured(ceilings: Path) -> bool:

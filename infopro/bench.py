@@ -32,7 +32,6 @@ The largest batch under a memory cap: `infopro.max_batch`.
 """
 
 import gc
-import re
 import time
 from functools import partial
 from pathlib import Path
@@ -52,7 +51,7 @@ from infopro.config import build_net
 from infopro.device import configure_backends, place
 from infopro.errors import InfoProError
 from infopro.memory import PeakTensorMemory, SavedActivations
-from infopro.records import device_name, write_csv
+from infopro.records import write_csv
 from infopro.step import compile_modules, train_step
 from infopro.trace import gpu_idle, trace_spans
 
@@ -312,14 +311,5 @@ def write_measurement(path: Path, rows: list[dict], context: dict) -> None:
     write_csv(path, [row | context for row in rows])
     print(pd.DataFrame(rows).to_string(index=False))
     print(f"wrote {path}")
-
-
-def device_slug(device: torch.device) -> str:
-    return "cpu" if device.type == "cpu" else name_slug(device_name(device))
-
-
-def name_slug(name: str) -> str:
-    """A GPU's name as file names carry it ("NVIDIA H100 80GB HBM3": nvidia-h100-80gb-hbm3)."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 

@@ -16,7 +16,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from infopro.config import TrainConfig
@@ -24,8 +23,6 @@ from infopro.records import provenance, read_json
 from infopro.runs import read_metrics
 from infopro.train import train
 
-# A whole run of the paper's recipe in one process: where compiling costs the least per epoch.
-RUN_EPOCHS = 160
 # The configurations the grids train, cheapest to dearest: E2E, a local method, InfoPro's decoders at
 # K = 4 and at K = 16, where the most of them run.
 EPOCH_METHODS = (dict(regime="e2e", K=1), dict(regime="greedy", K=4),
@@ -92,26 +89,3 @@ def short_recipe(recipe: TrainConfig, epochs: int) -> TrainConfig:
     """`recipe` cut to `epochs` epochs; the warm-up is cut with it, so the learning rate stays the recipe's
     kind of schedule (the time of an epoch does not depend on it)."""
     return replace(recipe, epochs=epochs, warmup_epochs=min(recipe.warmup_epochs, epochs - 1))
-
-
-def fastest_mode(table: pd.DataFrame, epochs: int = RUN_EPOCHS) -> str | None:
-    """The step mode in which a process training `epochs` epochs takes least time, summed over the fp32
-    methods measured in every mode: `epochs` times the pace plus the first epoch's extra time
-    (`compile_seconds`, where recorded). This is the mode a grid trains in. A mode that failed on any
-    method is never chosen: when one mode is left, it is the answer. None when nothing decides yet
-    (fewer than two modes with a common method measured).
-
-    Why the compile time counts: every training process compiles its modules again (a lease's
-    machine starts without inductor's cache), and on an H200 that took 29 to 45 s, against 0.9 s an
-    epoch; a pace alone would pick a mode that loses its gain in compiling."""
-    fp32 = table[table["precision"] == "fp32"]
-    failed = fp32.loc[fp32["epoch_seconds"].isna(), "mode"]
-    fp32 = fp32[~fp32["mode"].isin(failed)]
-    if len(failed) and fp32["mode"].nunique() == 1:
-        return str(fp32["mode"].iloc[0])
-    first = fp32["compile_seconds"].fillna(0.0) if "compile_seconds" in fp32 else 0.0
-    process = fp32.assign(process_seconds=fp32["epoch_seconds"] * epochs + first)
-    common = process.pivot_table(index=["method", "K"], columns="mode", values="process_seconds").dropna()
-    if common.empty or common.shape[1] < 2:
-        return None
-    return str(common.sum().idxmin())

@@ -12,6 +12,7 @@ import math
 import os
 import pickle
 import platform
+import re
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -244,6 +245,16 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpuinfo().get("model name") or platform.processor() or platform.machine() or "cpu"
+
+
+def device_slug(device: torch.device) -> str:
+    """The device as result files name it: `cpu`, or its GPU's `name_slug`."""
+    return "cpu" if device.type == "cpu" else name_slug(device_name(device))
+
+
+def name_slug(name: str) -> str:
+    """A GPU's name as file names carry it ("NVIDIA H100 80GB HBM3": nvidia-h100-80gb-hbm3)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def processor(device: torch.device) -> dict:

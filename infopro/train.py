@@ -167,8 +167,8 @@ def train(config: TrainConfig, out, *, device: str = "auto", data_root=None, dow
     epoch; `time_budget` (seconds) ends it after the last epoch that is expected to finish
     within the budget, judged by the duration of the epoch before; `stop_when(epoch)`, asked
     once the epoch is written, ends it when true (a replay that has parted from its record).
-    By default this process trains alone on `device`, its steps in `step_mode` (auto: compiled on
-    CUDA, `infopro.step.resolve_step_mode`); with `replicas` =
+    By default this process trains alone on `device`, its steps in `step_mode` (auto: the faster on
+    this GPU model by its epoch benchmark, else eager; `infopro.step.resolve_step_mode`); with `replicas` =
     `infopro.data_parallel.DataParallel` it is one rank of a data-parallel job, and only rank 0
     evaluates, writes, logs and returns the summary. A non-finite loss or a failed write raises
     on rank 0, whose launcher then stops the ranks waiting for its word.

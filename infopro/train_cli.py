@@ -116,7 +116,8 @@ def main(argv=None):
     add_training_arguments(p)
     p.add_argument("--step", default="auto", choices=STEP_MODES,
                    help="run each local module's step eagerly or under torch.compile, in the same fp32 or bf16 "
-                        "math (default: auto, compiled on CUDA, eager on a CPU)")
+                        "math (default: auto, the mode this GPU model's committed epoch benchmark found faster, "
+                        "else eager)")
     args = p.parse_args(argv)
     config = config_from(args)
     options = run_options(args)

@@ -9,7 +9,8 @@ from conftest import run_main
 from experiments import bench_epochs
 from infopro import epoch_bench
 from infopro.config import TrainConfig
-from infopro.epoch_bench import EPOCH_METHODS, epoch_rows, fastest_mode, method_key, short_recipe
+from infopro.epoch_bench import EPOCH_METHODS, epoch_rows, method_key, short_recipe
+from infopro.step import fastest_mode
 
 
 def test_the_fastest_mode_sums_only_methods_every_mode_measured():
@@ -42,7 +43,7 @@ def test_a_mode_that_failed_on_any_method_is_never_chosen():
         dict(method="e2e", K=1, mode="compiled", precision="fp32", epoch_seconds=0.6),
         dict(method="infopro-contrast", K=16, mode="eager", precision="fp32", epoch_seconds=3.4),
         dict(method="infopro-contrast", K=16, mode="compiled", precision="fp32", epoch_seconds=float("nan"))])
-    assert fastest_mode(table) == "eager"  # not None, which would leave the grids to `auto`: compiled on CUDA
+    assert fastest_mode(table) == "eager"  # not None, which would leave the grids undecided
 
 
 def test_a_measurement_whose_process_fails_is_a_row_with_its_error(monkeypatch):

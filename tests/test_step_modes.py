@@ -12,7 +12,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from infopro import models
+from infopro import models, step
 from infopro.config import TrainConfig, build_net
 from infopro.errors import InfoProError
 from infopro.records import read_json
@@ -53,9 +53,23 @@ def one_step(net, modules, batch):
     return losses, gradients
 
 
-def test_auto_compiles_on_cuda_only_and_an_unknown_mode_is_refused():
-    assert resolve_step_mode("auto", torch.device("cpu")) == "eager"
-    assert resolve_step_mode("auto", torch.device("cuda")) == "compiled"
+def test_auto_takes_the_mode_the_gpus_epoch_benchmark_found_faster_else_eager(tmp_path, monkeypatch):
+    """A GPU model whose benchmark found compiled steps faster trains compiled; one whose benchmark found
+    eager steps faster, one not yet measured in both modes, one with no benchmark, and a CPU step eagerly."""
+    rows = [dict(method="e2e", K=1, mode="eager", precision="fp32", epoch_seconds=1.0),
+            dict(method="e2e", K=1, mode="compiled", precision="fp32", epoch_seconds=0.5)]
+    pd.DataFrame(rows).to_csv(tmp_path / "epoch-resnet32-fast-compiler.csv", index=False)
+    pd.DataFrame(rows[:1]).to_csv(tmp_path / "epoch-resnet32-half-measured.csv", index=False)
+    rows[1]["epoch_seconds"] = 1.5
+    pd.DataFrame(rows).to_csv(tmp_path / "epoch-resnet32-slow-compiler.csv", index=False)
+    for gpu, mode in (("fast-compiler", "compiled"), ("slow-compiler", "eager"), ("half-measured", "eager"),
+                      ("unmeasured", "eager")):
+        monkeypatch.setattr(step, "device_slug", lambda device, gpu=gpu: gpu)  # no CUDA needed to name a GPU
+        assert resolve_step_mode("auto", torch.device("cuda"), tmp_path) == mode, gpu
+    assert resolve_step_mode("auto", torch.device("cpu"), tmp_path) == "eager"
+
+
+def test_a_mode_named_is_taken_and_an_unknown_one_is_refused():
     assert resolve_step_mode("compiled", torch.device("cpu")) == "compiled"
     with pytest.raises(InfoProError, match="unknown step mode 'fast'"):
         resolve_step_mode("fast", torch.device("cpu"))
