@@ -18,10 +18,12 @@ from infopro.style import K_COLOURS, LOCAL_METHODS, METHODS, PURPLE, styled
 
 LAYER_AXIS = "layer point (1 = stem, then one per residual block)"
 
+
 def layer_axis(ax, ylabel: str) -> None:
     ax.set_xlabel(LAYER_AXIS)
     ax.set_ylabel(ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
 
 MODULE_END = (Line2D([], [], marker="o", ms=6, mfc="white", mec="black", ls=""), "end of a local module")
 
