@@ -34,8 +34,8 @@ from experiments.travel import pack, results_since
 from infopro.cli import ArgumentParser, positive, run
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
+from infopro.paces import epoch_intervals, shared_seconds
 from infopro.records import check_writable, device_slug, git_state
-from infopro.runs import read_metrics
 
 
 def main(argv=None):
@@ -85,26 +85,12 @@ def training_share_line(runs: Path, began: float, ended: float) -> str:
     """How much of a call's time some training epoch was running (`metrics.csv`'s `ended_at` and
     `epoch_seconds`, evaluation excluded; runs side by side count once): the share of a lease that
     trains, which everything else in it (start-up, compiling, measurements, packing) eats into."""
-    intervals = sorted((end - seconds, end) for path in runs.glob("*/metrics.csv")
-                       for end, seconds in epoch_times(path) if end >= began)
-    trained, reach = 0.0, began
-    for start, end in intervals:
-        start = max(start, reach)
-        if end > start:
-            trained, reach = trained + end - start, end
+    intervals = [(max(start, began), end) for path in runs.glob("*/metrics.csv")
+                 for start, end in epoch_intervals(path.parent)]
+    trained = sum(shared_seconds(intervals))  # the shares of a GPU's time add up to the time covered
     spent = max(ended - began, 1e-9)
     return (f"training epochs ran for {trained / 60:.1f} of this call's {spent / 60:.1f} min "
             f"({100 * trained / spent:.0f}%)")
-
-
-def epoch_times(metrics: Path) -> list[tuple[float, float]]:
-    """(ended_at, epoch_seconds) of each epoch that records when it ended (runs begun before the column
-    existed leave it blank in their earlier epochs)."""
-    table = read_metrics(metrics.parent)
-    if "ended_at" not in table:
-        return []
-    table = table.dropna(subset=["ended_at", "epoch_seconds"])
-    return list(zip(table["ended_at"], table["epoch_seconds"]))
 
 
 def inductor_cache_line() -> str:

@@ -54,6 +54,16 @@ def shared_seconds(intervals: list[tuple[float, float]]) -> list[float]:
     return shares
 
 
+def epoch_intervals(run: Path) -> list[tuple[float, float]]:
+    """(start, end), in Unix seconds, of each training epoch of `run` that records when it ended (runs begun
+    before `ended_at` existed leave it blank in their earlier epochs); evaluation falls between them."""
+    table = read_metrics(run, ("epoch_seconds",))
+    if "ended_at" not in table:
+        return []
+    table = table.dropna(subset=["ended_at", "epoch_seconds"])
+    return [(end - seconds, end) for end, seconds in zip(table["ended_at"], table["epoch_seconds"])]
+
+
 def gpu_of(run: Path) -> str | None:
     """The GPU a run trained on last (its latest provenance record), or None when that was no GPU."""
     record = read_json(run / "config.json", ("provenance",))
@@ -69,12 +79,8 @@ def alone_paces(root: Path) -> dict[str, AlonePace]:
     epochs: dict[str, list] = {}  # GPU model: [(run id, start, end)]
     for run in sorted(path.parent for path in root.glob("*/metrics.csv")):
         gpu = gpu_of(run) if (run / "config.json").is_file() else None
-        table = None if gpu is None else read_metrics(run, ("epoch_seconds",))
-        if table is None or "ended_at" not in table:
-            continue
-        table = table.dropna(subset=["ended_at", "epoch_seconds"])
-        epochs.setdefault(gpu, []).extend((run.name, end - seconds, end)
-                                          for end, seconds in zip(table["ended_at"], table["epoch_seconds"]))
+        if gpu is not None:
+            epochs.setdefault(gpu, []).extend((run.name, start, end) for start, end in epoch_intervals(run))
     paces = {}
     for gpu, timed in epochs.items():
         shares: dict[str, list[float]] = {}
