@@ -14,11 +14,11 @@ remainder:<network> stage per seed-0 network for its key layer points (fig10 and
 plane in the paper's units; each call trains the layer points that fit its minutes, at the pace
 timed on that GPU in the faster step mode): E2E and greedy SL's first, the others' after
 table2-unfinished, then one remainder-between:<network> stage each for the rest; grid-jobs (how
-many trainings at once fill the GPU, counted while all train); dgl-seed0, table2-unfinished, table2 and dgl (Table 2 and fig7 on cifar10-jpeg:
-160-epoch runs, 9 to 40 min each with four sharing an H100, resumed across calls; `make status`
-adds up what is left); bf16-twins (E2E and InfoPro
-(Contrast) K = 4 in bf16, beside their fp32 seeds, before bf16 trains any grid); table3-compiled
-(Table 3's InfoPro* and E2E steps with compiled modules). Each call ends with the share of it spent
+many trainings at once fill the GPU, counted while all train); dgl-seed0, table2-unfinished,
+table2 and dgl (Table 2 and fig7 on cifar10-jpeg: 160-epoch runs, 9 to 40 min each with four
+sharing an H100, resumed across calls; `make status` adds up what is left and its GPU time);
+bf16-twins (E2E and InfoPro (Contrast) K = 4 in bf16, beside their fp32 seeds, before bf16 trains
+any grid); table3-compiled (Table 3's InfoPro* and E2E steps with compiled modules). Each call ends with the share of it spent
 in training epochs and the size of inductor's compile cache. fig8 and the 1c2f estimates follow on
 a CPU from `make probes mutual-info figures tables`.
 """
