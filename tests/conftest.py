@@ -27,6 +27,14 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("INFOPRO_CACHE_DIR", str(tmp_path / "cache"))
 
 
+@pytest.fixture(scope="module")
+def results_copy(tmp_path_factory) -> Path:
+    """The committed results without model weights, so tests never touch the repository."""
+    copy = tmp_path_factory.mktemp("results")
+    shutil.copytree(REPO / "results", copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.pt", "logs"))
+    return copy
+
+
 def cifar10_batches(per_batch: int = 20, seed: int = 0) -> dict[str, bytes]:
     """Pickled batches in the format of the original python release, with random pixels."""
     rng = np.random.default_rng(seed)

@@ -27,14 +27,6 @@ pytestmark = pytest.mark.check
 RESULTS = REPO / "results"
 
 
-@pytest.fixture(scope="module")
-def results_copy(tmp_path_factory):
-    """The committed results without model weights, so checks never touch the repository."""
-    copy = tmp_path_factory.mktemp("results")
-    shutil.copytree(RESULTS, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.pt", "logs"))
-    return copy
-
-
 def remainder_step_columns(monkeypatch) -> set[str]:
     """The columns of remainder-steps-<gpu>.csv, from a tiny CPU measurement whose graphed mode fails
     (its row then holds `error`)."""

@@ -24,14 +24,6 @@ from infopro.tables import extra_work, mean_std, schedule_check, table2, to_late
 RESULTS = REPO / "results"
 
 
-@pytest.fixture(scope="module")
-def results_copy(tmp_path_factory):
-    """The committed results without model weights, so tests never touch the repository."""
-    copy = tmp_path_factory.mktemp("results")
-    shutil.copytree(RESULTS, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.pt", "logs"))
-    return copy
-
-
 def results_before_the_profile(tmp_path):
     """The committed results without model weights and without the GPU's re-measured and compiled step
     times, profile and idle analysis, which the tests below replace by stand-ins: what a lease commits of
