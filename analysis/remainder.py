@@ -84,6 +84,13 @@ def reference_run(runs, text: str) -> Run:
     return reference[0]
 
 
+def budget_of(run: Run, args, settings: RemainderSettings) -> RemainderSettings:
+    """`settings` with --epochs, else with the shortest budget whose ceiling came within 2 points of a
+    network of `run`'s architecture and recipe."""
+    network = {key: run.row()[key] for key in ("arch", "recipe")}
+    return replace(settings, epochs=args.epochs or chosen_epochs(args.ceilings, settings, network))
+
+
 def main(argv=None):
     args = parse_args(argv)
     device, settings = resolve_device(args.device), settings_from(args)
@@ -102,11 +109,12 @@ def main(argv=None):
                                "try longer ones")
         print(f"budget: {chosen} epochs")
         return
-    settings = replace(settings, epochs=args.epochs or chosen_epochs(args.ceilings, settings))
-    analyse_runs(finished_runs(args.runs, args.only), args.out,
-                 lambda r, points: remainder_run(r, points, settings=settings, device=device, data_root=args.data_root,
-                                                 step=args.step),
-                 lambda r: remainder_settings(r, settings), args.layers, force=args.force)
+    runs = finished_runs(args.runs, args.only)
+    budgets = {run.run_id: budget_of(run, args, settings) for run in runs}  # all refused before any pass
+    analyse_runs(runs, args.out,
+                 lambda r, points: remainder_run(r, points, settings=budgets[r.run_id], device=device,
+                                                 data_root=args.data_root, step=args.step),
+                 lambda r: remainder_settings(r, budgets[r.run_id]), args.layers, force=args.force)
 
 
 if __name__ == "__main__":

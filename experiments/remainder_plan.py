@@ -74,16 +74,17 @@ def measured_seconds_per_work(bench: Path, gpu: str, step: str) -> float | None:
     return float(row["epoch_seconds"]) / sum(map(point_work, range(1, int(row["points"]) + 1)))
 
 
-def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, points: list[int]) -> float:
-    """What a remainder pass over the layer `points` needs on `gpu`, at the budget the ceiling chose: their
-    `point_work` at the slowest rate timed there in the pass's step mode (`remainder_step`: the networks'
-    passes first, then the step measurement's, then, for eager steps, the ceiling's; else
-    GUESS_SECONDS_PER_WORK), with REMAINDER_MARGIN and a minute to start.
+def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, points: list[int],
+                      reference: str) -> float:
+    """What a remainder pass over the layer `points` needs on `gpu`, at the budget that the ceiling against
+    the run `reference` chose: their `point_work` at the slowest rate timed there in the pass's step mode
+    (`remainder_step`: the networks' passes first, then the step measurement's, then, for eager steps, the
+    ceiling's; else GUESS_SECONDS_PER_WORK), with REMAINDER_MARGIN and a minute to start.
 
     Why measured: a stage is started only with the minutes it needs left, and a pass that overruns the
     lease loses its points; the guess alone would start some too late and keep others out."""
     try:
-        epochs = chosen_epochs(ceilings)
+        epochs = chosen_epochs(ceilings, network={"run_id": reference})
     except InfoProError:  # no ceiling yet, or every candidate fell short: the stage's command says so at once
         return REMAINDER_START_MINUTES
     step = remainder_step(bench, gpu)

@@ -310,7 +310,7 @@ def remainder_stage(where: Where, name: str, what: str, run_id: str, points: lis
         return missing_points(where.mi, run_id, points)
 
     def pass_minutes(some: list[int]) -> float:
-        return remainder_minutes(where.mi, where.ceilings, where.bench, where.gpu, some)
+        return remainder_minutes(where.mi, where.ceilings, where.bench, where.gpu, some, REMAINDER_REFERENCE)
 
     return Stage(name, f"I(h,y), I(h,x) in the paper's units at {what} of {run_id}", lambda: not missing(),
                  lambda left: REMAINDER + ["layers", "--only", run_id, "--layers", ",".join(

@@ -176,20 +176,25 @@ def appended(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     return rows if table.empty else pd.concat([table, rows], ignore_index=True)
 
 
-def chosen_epochs(csv_path, settings=RemainderSettings()) -> int:
+def chosen_epochs(csv_path, settings=RemainderSettings(), network: dict | None = None) -> int:
     """The shortest budget (other settings as `settings`) whose ceiling came within 2 points of its
-    reference network, as `measure_ceilings` recorded it in `csv_path`."""
+    reference network, as `measure_ceilings` recorded it in `csv_path`; with `network` (the columns a
+    ceiling row must match, e.g. a run's `arch` and `recipe`) only ceilings of such a reference count,
+    as a budget that suffices against one recipe's network says nothing of another's."""
     if not Path(csv_path).exists():
         raise InfoProError(f"{csv_path} is missing: measure the ceiling first (`python -m analysis.remainder "
                            f"ceiling`), or give --epochs")
     table = read_ceilings(csv_path)
+    for column, value in (network or {}).items():
+        table = table[table[column].astype(str) == str(value)]
     same = table if table.empty else same_budget_but_epochs(table, settings)
     good = same[same["within_2_points"].astype(str) == "True"] if not same.empty else same
     if good.empty:
+        against = f" against a network of {', '.join(map(str, network.values()))}" if network else ""
         measured = ", ".join(f"{100 * a:.1f}% after {e} epochs" for a, e in zip(same.get("ixy_paper", []),
                                                                               same.get("rem_epochs", [])))
         raise InfoProError(f"no budget in {csv_path} brought the ceiling within 2 points of its network "
-                           f"({measured or 'none measured with these settings'}); measure a longer one, or give --epochs")
+                           f"({measured or 'none measured with these settings' + against}); measure a longer one, or give --epochs")
     return int(good["rem_epochs"].min())
 
 

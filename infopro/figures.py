@@ -91,7 +91,7 @@ def load_mutual_info(results) -> pd.DataFrame:
 def load_ceilings(results) -> pd.DataFrame | None:
     """The remainder estimator's ceilings (analysis/remainder_ceiling.csv), or None before any was measured."""
     path = Path(results) / "analysis" / "remainder_ceiling.csv"
-    return read_result(path, "remainder", ("arch", "rem_epochs", "ixy_paper")) if path.exists() else None
+    return read_result(path, "remainder", ("arch", "recipe", "rem_epochs", "ixy_paper")) if path.exists() else None
 
 
 def load_schedule_pairs(results) -> pd.DataFrame:

@@ -12,6 +12,7 @@ from matplotlib.ticker import MaxNLocator
 
 from infopro.errors import InfoProError
 from infopro.plots import curve_seeds_text, footer, local_ks, new_figure, seeds_text, shared_legend
+from infopro.remainder import RemainderSettings
 from infopro.selection import ANALYSIS_FIGURE_ARCH, figure_rows, with_method
 from infopro.splits import num_layer_points
 from infopro.style import K_COLOURS, LOCAL_METHODS, METHODS, PURPLE, styled
@@ -119,11 +120,19 @@ def estimator_of(mi: pd.DataFrame) -> str:
     return estimators.pop()
 
 
+# What a ceiling shares with the remainder rows it is drawn beside: the network's architecture and recipe
+# (its reference's) and the estimator's whole budget.
+CEILING_KEYS = ("arch", "recipe", *RemainderSettings().as_columns())
+
+
 def ceiling_accuracy(mi: pd.DataFrame, ceilings: pd.DataFrame | None) -> float | None:
-    """The mean ceiling measured with the budget of the remainder rows `mi` (None if none was)."""
+    """The mean ceiling measured against a network of the remainder rows' `mi` architecture and recipe with
+    their budget (None if none was)."""
     if ceilings is None or ceilings.empty:
         return None
-    same = ceilings[(ceilings["rem_epochs"] == mi["rem_epochs"].iloc[0]) & (ceilings["arch"] == mi["arch"].iloc[0])]
+    same, first = ceilings, mi.iloc[0]
+    for key in (key for key in CEILING_KEYS if key in mi):
+        same = same[same[key].astype(str) == str(first[key])]
     return None if same.empty else float(same["ixy_paper"].mean())
 
 

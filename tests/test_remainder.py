@@ -225,6 +225,27 @@ def test_the_budget_check_reads_percentage_points():
     assert not ceiling_within(0.86, 0.889)
 
 
+def test_a_network_takes_the_budget_settled_against_its_own_recipe(tmp_path):
+    """A ceiling that reached a short CPU fixture's E2E says nothing of what the paper recipe's E2E needs."""
+    import pandas as pd
+
+    from infopro.analysis import chosen_epochs
+
+    def ceiling(recipe, epochs, within):
+        return RemainderSettings(epochs=epochs).as_columns() | dict(
+            run_id=f"e2e-{recipe}", arch="resnet32", recipe=recipe, ixy_paper=0.8, network_accuracy=0.81,
+            within_2_points=within)
+
+    path = tmp_path / "remainder_ceiling.csv"
+    pd.DataFrame([ceiling("fixture", 12, True), ceiling("paper", 20, False), ceiling("paper", 30, True)]).to_csv(
+        path, index=False)
+    assert chosen_epochs(path) == 12  # any reference
+    assert chosen_epochs(path, network={"arch": "resnet32", "recipe": "paper"}) == 30
+    assert chosen_epochs(path, network={"arch": "resnet32", "recipe": "fixture"}) == 12
+    with pytest.raises(InfoProError, match="none measured with these settings against a network of resnet110, paper"):
+        chosen_epochs(path, network={"arch": "resnet110", "recipe": "paper"})
+
+
 @pytest.mark.slow  # the whole command line on a trained network: 13 s
 def test_the_command_measures_the_ceiling_then_every_layer_and_fig10_draws_them(tmp_path):
     """`ceiling` writes its rows and stops at the first candidate within 2 points; `layers` takes that
@@ -295,7 +316,9 @@ def test_the_figure_draws_the_paper_dashed_and_the_ceiling_dotted():
                              rem_precision="bf16"))
     reference = pd.DataFrame([dict(quantity="ixy_paper_units", regime="greedy", K=4, layer=layer, value=0.9)
                               for layer in range(1, 17)])
-    ceilings = pd.DataFrame([dict(arch="resnet32", rem_epochs=30, ixy_paper=0.88)])
+    budget = dict(arch="resnet32", recipe="r", rem_lr=0.4, rem_batch_size=512, rem_epochs=30, rem_precision="bf16")
+    ceilings = pd.DataFrame([budget | dict(ixy_paper=0.88), budget | dict(recipe="a CPU fixture", ixy_paper=0.6),
+                             budget | dict(rem_lr=0.1, ixy_paper=0.7)])  # other recipes' and budgets' ceilings
     figure = fig10_mutual_information(pd.DataFrame(rows), reference, ceilings)
     ixy = figure.axes[1]
     assert ixy.get_ylabel().startswith("I(h,y): remainder")

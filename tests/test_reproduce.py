@@ -62,14 +62,17 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
     h100, every = "nvidia-h100-80gb-hbm3", list(range(1, 17))
 
     def minutes(gpu, points):
-        return remainder_minutes(mi, ceilings, bench, gpu, points)
+        return remainder_minutes(mi, ceilings, bench, gpu, points, REMAINDER_REFERENCE)
 
     assert minutes(h100, every) == REMAINDER_START_MINUTES  # no budget: refused at once
     ceiling = dict(run_id=REMAINDER_REFERENCE, layer=0, estimator="remainder", rem_epochs=30, within_2_points=True,
                    pass_points=1, pass_seconds=60.0, analysis_device="NVIDIA H100 80GB HBM3", rem_batch_size=512,
                    rem_lr=0.4, rem_warmup_epochs=2, rem_momentum=0.9, rem_weight_decay=5e-4, rem_precision="bf16",
                    rem_seed=0, ixy_paper=0.88, network_accuracy=0.89)
-    pd.DataFrame([ceiling]).to_csv(ceilings, index=False)
+    another = ceiling | dict(run_id="a-fixture-network", rem_epochs=12, pass_seconds=24.0)  # another recipe's budget
+    pd.DataFrame([another]).to_csv(ceilings, index=False)
+    assert minutes(h100, every) == REMAINDER_START_MINUTES
+    pd.DataFrame([another, ceiling]).to_csv(ceilings, index=False)
     guessed = REMAINDER_MARGIN * GUESS_SECONDS_PER_WORK * 30 * 136 / 60 + 1  # nothing timed on that GPU
     assert minutes(None, every) == minutes("nvidia-a100", every)
     assert minutes("nvidia-a100", every) == pytest.approx(guessed)
