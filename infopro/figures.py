@@ -310,12 +310,12 @@ def estimator_rows(df: pd.DataFrame, estimator: str | None) -> pd.DataFrame:
 
 def row_picker(recipe: str | None, arch: str | None, estimator: str | None = None):
     """The rows a target draws: those of `arch`, of the recipe whose label contains `recipe` and, in
-    the mutual-information rows, of one estimator (`estimator_rows`); the figures then pick as by
-    default among what is left."""
+    the mutual-information rows, of one estimator (`estimator_rows`, whose default depends on the
+    recipe shown, so it comes last); the figures then pick as by default among what is left."""
     def pick(df: pd.DataFrame) -> pd.DataFrame:
-        df = estimator_rows(df, estimator) if "estimator" in df else df
         df = df if arch is None else arch_rows(df, arch)
-        return df if recipe is None else recipe_rows(df, recipe)
+        df = df if recipe is None else recipe_rows(df, recipe)
+        return estimator_rows(df, estimator) if "estimator" in df else df
     return pick
 
 

@@ -91,10 +91,12 @@ def covered_networks(mi: pd.DataFrame, estimator: str) -> set:
 
 def default_estimator(mi: pd.DataFrame) -> str:
     """The estimator of I(h,x) and I(h,y) shown by default: the remainder estimator (the paper's
-    units) once it covers the key layer points of the paper's figure networks, else 1c2f, which
-    covers every layer of every network. A figure half in one estimator's units and half in the
-    other's would compare nothing."""
-    return "remainder" if set(PAPER_FIGURE_NETWORKS) <= covered_networks(mi, "remainder") else "1c2f"
+    units) once it covers the key layer points of the paper's figure networks in the recipe and
+    network a figure of `mi` shows (`figure_rows`), else 1c2f, which covers every layer of every
+    network. A figure half in one estimator's units and half in the other's would compare nothing,
+    and another recipe's remainder rows (a CPU fixture's) say nothing of the shown recipe's."""
+    shown, _ = figure_rows(mi)
+    return "remainder" if set(PAPER_FIGURE_NETWORKS) <= covered_networks(shown, "remainder") else "1c2f"
 
 
 def measured_rows(rows: pd.DataFrame) -> pd.DataFrame:

@@ -175,6 +175,20 @@ def test_fig10_and_the_input_claim_switch_to_the_remainder_once_it_covers_the_pa
     assert default_estimator(complete[~no_e2e_point]) == "1c2f"  # E2E is the reference at every layer
 
 
+def test_a_shorter_recipes_remainder_rows_leave_the_shown_recipe_as_it_is():
+    """A CPU fixture covered by the remainder estimator switches its own figure, not the paper recipe's."""
+    from infopro.figures import row_picker
+
+    curves = {("e2e", 1): [0.9] * 16, **{("greedy", K): [0.8] * 16 for K in PAPER_KS}}
+    fixture = layer_rows("ixy_paper", curves, "remainder").assign(recipe="12 epochs, batch 128", epochs=12,
+                                                                  train_images=10000, ixx_paper=0.4)
+    mi = pd.concat([SMALL_HEAD, fixture], ignore_index=True)
+    assert default_estimator(mi) == "1c2f"
+    assert "1c2f estimator" in input_lost_early(mi, IXY_REFERENCE)["test"]
+    assert set(row_picker(None, None)(mi)["estimator"]) == {"1c2f"}
+    assert set(row_picker("fixture", None)(mi)["estimator"]) == {"remainder"}
+
+
 def test_infopro_star_must_save_a_third_of_the_memory_in_less_time_than_checkpointing():
     bench = pd.DataFrame({"method": ["checkpoint", "infopro-balanced:2", "infopro-balanced:4"],
                           "peak_allocated_bytes_vs_e2e": [0.3, 0.55, 0.4], "step_seconds_vs_e2e": [1.12, 1.04, 1.14]})
