@@ -101,20 +101,24 @@ class TrainConfig:
         ends, weights = self.module_ends(), self.loss_weights()
         return {"module_ends": ends, "lambda1": list(weights.lambda1), "lambda2": list(weights.lambda2)}
 
+    @property
+    def method(self) -> str:
+        """The method as result files name it: e2e, greedy, dgl, infopro-contrast, infopro-softmax."""
+        return f"infopro-{self.task_loss}" if self.regime == "infopro" else self.regime
+
     def run_id(self) -> str:
         """Directory name from the content: dataset, arch, regime, K, split, recipe, seed.
 
         The recipe tag lists what differs from the paper's recipe (n = train images, e = epochs,
         b = batch size, bf16), so a short CPU run never shares a name with a paper-recipe run.
         """
-        regime = f"infopro-{self.task_loss}" if self.regime == "infopro" else self.regime
         split = "" if self.split == "paper" or self.K == 1 else f"-{self.split.replace(',', '_')}"
         paper = TrainConfig()
         recipe = "".join(f"-{tag}{getattr(self, name)}" for tag, name in
                          (("n", "train_subset"), ("e", "epochs"), ("b", "batch_size"))
                          if getattr(self, name) != getattr(paper, name))
         recipe += "-bf16" if self.precision == "bf16" else ""
-        return f"{self.dataset}-{self.arch}-{regime}-K{self.K}{split}{recipe}-s{self.seed}"
+        return f"{self.dataset}-{self.arch}-{self.method}-K{self.K}{split}{recipe}-s{self.seed}"
 
 
 def build_net(config: TrainConfig) -> LocalNet:
