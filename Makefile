@@ -122,4 +122,4 @@ DATASET ?= cifar10-jpeg
 LEASE_MINUTES ?= 15
 status:  ## where each run of Table 2's grids (GRID) stands, and the training and GPU time left
 	@$(foreach grid,$(GRID),echo "== $(grid)" && $(PYTHON) -m experiments.grid $(grid) --dataset $(DATASET) --status \
-	    --out $(RESULTS)/runs $(if $(LEASE_MINUTES),--lease-minutes $(LEASE_MINUTES)) &&) true
+	    --out $(RESULTS)/runs --bench-out $(RESULTS)/bench $(if $(LEASE_MINUTES),--lease-minutes $(LEASE_MINUTES)) &&) true

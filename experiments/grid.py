@@ -58,7 +58,8 @@ def parse_args(argv=None):
                    help="with --status: also count the GPU leases of MIN device-minutes the rest needs at least")
     p.add_argument("--measure-jobs", type=at_least(1), nargs="+", metavar="N",
                    help="measure aggregate images/s with N trainings at once (each N in turn) and exit")
-    p.add_argument("--bench-out", default="results/bench", help="folder for the --measure-jobs CSV")
+    p.add_argument("--bench-out", default="results/bench", help="folder of the benchmarks: --measure-jobs writes "
+                   "its CSV there, --status reads the epoch benchmarks there")
     return p.parse_args(argv)
 
 
@@ -73,7 +74,7 @@ def main(argv=None):
     dataset = args.dataset or (dataset_here(grid, args, root) if args.status else None)
     configs = grid.configs(args.seeds, args.only, **({"dataset": dataset} if dataset else {}))
     if args.status:
-        print_status(configs, root, args.lease_minutes)
+        print_status(configs, root, Path(args.bench_out), args.lease_minutes)
         return
     if args.measure_jobs:
         report_jobs(args, configs[0])
@@ -106,10 +107,11 @@ def dataset_here(grid, args, root: Path) -> str | None:
     return others[0]
 
 
-def print_status(configs, root: Path, lease_minutes: float | None = None) -> None:
+def print_status(configs, root: Path, bench: Path, lease_minutes: float | None = None) -> None:
     """One line per run: its state, its id and, where there is one, its error or its time left;
-    then how many runs are in each state, the minutes of training left in all and the GPU time they need."""
-    statuses = grid_status(configs, root)
+    then how many runs are in each state, the minutes of training left in all and the GPU time they need
+    (from the runs' shares of their GPU, else the epoch benchmarks under `bench`)."""
+    statuses = grid_status(configs, root, bench)
     for config, status in zip(configs, statuses):
         print(f"{status.state:<24} {config.run_id()}" + (f": {status.detail}" if status.detail else ""))
     print("\n".join(status_summary(statuses, lease_minutes)))

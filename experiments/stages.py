@@ -367,7 +367,7 @@ def grid_stage(where: Where, name: str, grid_name: str, seeds: tuple[int, ...] |
                                         "--time-budget", f"{left:.1f}", "--out", str(runs)]
                  + (["--seeds", *map(str, seeds)] if seeds else []) + (["--only", *only] if only else []),
                  minutes=2,
-                 progress=lambda: status_summary(grid_status(configs, runs)),
+                 progress=lambda: status_summary(grid_status(configs, runs, bench)),
                  reads=lambda: [path for path in (runs / config.run_id() / "checkpoint.pt" for config in configs)
                                 if path.is_file() and not (path.parent / "summary.json").is_file()])
 

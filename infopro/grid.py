@@ -16,7 +16,7 @@ from pathlib import Path
 from infopro.cli import stop_children
 from infopro.config import TrainConfig
 from infopro.errors import InfoProError
-from infopro.paces import AlonePace, alone_paces, recent_pace
+from infopro.paces import AlonePace, alone_paces, benchmark_paces, config_key, recent_pace
 from infopro.records import REPO_ROOT, read_json
 from infopro.runs import read_metrics, select_by_run_id
 
@@ -132,34 +132,41 @@ class RunStatus:
     """What planning GPU time needs of one run: its state (`run_state`), a finished run's test
     error or an unfinished run's time left as text, that time in minutes (None: not known), and the
     minutes of `gpu`'s time it needs (None: no epoch of its configuration records its share of a GPU,
-    `infopro.paces.alone_paces`)."""
+    `infopro.paces.alone_paces`, and no epoch benchmark timed it; `gpu_benchmark`: the benchmark did)."""
 
     state: str
     detail: str = ""
     minutes_left: float | None = None
     gpu_minutes: float | None = None
     gpu: str = ""
+    gpu_benchmark: bool = False
 
 
-def grid_status(configs: list[TrainConfig], root: Path) -> list[RunStatus]:
-    """`run_status` of each of `configs`, the GPU shares read once from every run under `root`."""
+def grid_status(configs: list[TrainConfig], root: Path, bench: Path | None = None) -> list[RunStatus]:
+    """`run_status` of each of `configs`, the GPU shares read once from every run under `root` and from
+    the epoch benchmarks under `bench`."""
     alone = alone_paces(root) if root.is_dir() else {}
-    return [run_status(config, root, alone) for config in configs]
+    benchmarked = benchmark_paces(bench) if bench is not None and bench.is_dir() else {}
+    return [run_status(config, root, alone, benchmarked) for config in configs]
 
 
-def run_status(config: TrainConfig, root: Path, alone: dict[str, AlonePace] | None = None) -> RunStatus:
+def run_status(config: TrainConfig, root: Path, alone: dict[str, AlonePace] | None = None,
+               benchmarked: dict[tuple, AlonePace] | None = None) -> RunStatus:
     """A finished run's final test error; an unfinished run's minutes left at its recent pace
     (`recent_pace`); a missing run's at the recent pace of the same configuration at another seed.
     Every such pace is as measured, on whatever machine and with however many runs beside it; the GPU
-    minutes come from `alone` (`grid_status`): the run's own share of its GPU, else another seed's."""
+    minutes come from `alone` (`grid_status`): the run's own share of its GPU, else another seed's, else
+    from `benchmarked`: the epoch benchmark of its configuration, which trained alone."""
     state, run, alone = run_state(config, root), root / config.run_id(), alone or {}
     if state == "done":
         error = read_json(run / "summary.json", ("final_test_error",))["final_test_error"]
         return RunStatus(state, f"{error:.2f}% test error")
     metrics = read_metrics(run, ("epoch_seconds",)) if state != "missing" else None
     epochs_left = config.epochs - (0 if metrics is None else len(metrics))
-    pace = next((alone[name] for name in (config.run_id(), *other_seeds(config, alone)) if name in alone), None)
-    gpu = {} if pace is None else dict(gpu_minutes=epochs_left * pace.seconds / 60, gpu=pace.device)
+    pace = next((alone[name] for name in (config.run_id(), *other_seeds(config, alone)) if name in alone),
+                (benchmarked or {}).get(config_key(config)))
+    gpu = {} if pace is None else dict(gpu_minutes=epochs_left * pace.seconds / 60, gpu=pace.device,
+                                       gpu_benchmark=pace.benchmark)
     if metrics is None:
         return replace(missing_run_status(config, root), **gpu)
     if metrics.empty:
@@ -219,19 +226,21 @@ def gpu_time_line(unfinished: list[RunStatus], lease_minutes: float | None = Non
     (`infopro.paces`), not from paces measured beside an unrecorded number of other runs; and, with
     `lease_minutes`, the leases it takes at least (were every minute of a lease training)."""
     timed = [status for status in unfinished if status.gpu_minutes is not None]
-    untimed = len(unfinished) - len(timed)
+    untimed, benchmarked = len(unfinished) - len(timed), sum(status.gpu_benchmark for status in timed)
     parts = []
     if timed:
         minutes = sum(status.gpu_minutes for status in timed)
         gpus = ", ".join(sorted({status.gpu for status in timed}))
         parts.append(f"about {minutes:.0f} min of GPU time ({gpus}) in {run_count(len(timed))}, each at the share "
-                     "of the GPU its configuration's recent epochs took")
+                     "of the GPU its configuration's recent epochs took" + (
+                         f" ({benchmarked} of them at the GPU's epoch benchmark of the configuration, alone)"
+                         if benchmarked else ""))
         if lease_minutes:
             leases = math.ceil(minutes / lease_minutes)
             parts.append(f"at least {leases} lease{'s' * (leases != 1)} of {lease_minutes:g} device-minutes")
     if untimed:
         parts.append(f"{run_count(untimed)} without a GPU share on record (no epoch of their configuration on a GPU "
-                     "recorded when it ran)")
+                     "recorded when it ran, and no epoch benchmark of it)")
     return "; ".join(parts)
 
 

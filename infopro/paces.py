@@ -14,18 +14,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from infopro.config import TrainConfig
 from infopro.records import read_json
 from infopro.runs import read_metrics
+from infopro.step import auto_step_mode, epoch_csv, read_epoch_table
 
 RECENT_EPOCHS = 10  # the epochs whose median sets a run's pace (`recent_pace`)
 
 
 @dataclass(frozen=True)
 class AlonePace:
-    """Seconds of a GPU's time per epoch of one run (`recent_pace` of its timed epochs' shares), and the GPU."""
+    """Seconds of a GPU's time per epoch of one run (`recent_pace` of its timed epochs' shares), and the GPU;
+    `benchmark`: timed by the GPU's epoch benchmark of its configuration instead (`benchmark_paces`)."""
 
     seconds: float
     device: str
+    benchmark: bool = False
 
 
 def recent_pace(epoch_seconds: Sequence[float]) -> float:
@@ -88,4 +92,35 @@ def alone_paces(root: Path) -> dict[str, AlonePace]:
             shares.setdefault(run_id, []).append(share)
         paces |= {run_id: AlonePace(recent_pace(run_shares), gpu)
                   for run_id, run_shares in shares.items()}
+    return paces
+
+
+def benchmark_key(arch: str, dataset: str, batch_size: int, precision: str, method: str, K: int) -> tuple:
+    """What an epoch's GPU time depends on, as a configuration and an epoch benchmark's row both give it."""
+    return arch, dataset, int(batch_size), precision, method, int(K)
+
+
+def config_key(config: TrainConfig) -> tuple | None:
+    """`benchmark_key` of a run of the whole training set (the only kind the epoch benchmark times), else None."""
+    if config.train_subset is not None:
+        return None
+    return benchmark_key(config.arch, config.dataset, config.batch_size, config.precision, config.method, config.K)
+
+
+def benchmark_paces(bench: Path) -> dict[tuple, AlonePace]:
+    """Per `benchmark_key`: the seconds per epoch that a GPU's epoch benchmark (`infopro.epoch_bench`, under
+    `bench`) measured in the mode training takes on that GPU (`auto_step_mode`). Each measurement trains
+    alone in a fresh process, so all of that time is the epoch's share of the GPU. Where several GPU models
+    timed a configuration, the slowest plans: the lease's GPU is not known in advance."""
+    paces: dict[tuple, AlonePace] = {}
+    for path in sorted(bench.glob(epoch_csv(bench, "*").name)):
+        gpu = path.stem.removeprefix(epoch_csv(bench, "").stem)
+        table = read_epoch_table(path)
+        rows = table[(table["mode"] == auto_step_mode(gpu, bench)) & table["epoch_seconds"].notna()
+                     & (table["device"] == "cuda")]
+        for row in rows.itertuples():
+            key = benchmark_key(row.arch, row.dataset, row.batch_size, row.precision, row.method, row.K)
+            pace = AlonePace(float(row.epoch_seconds), row.device_name, benchmark=True)
+            if key not in paces or pace.seconds > paces[key].seconds:
+                paces[key] = pace
     return paces

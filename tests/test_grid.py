@@ -146,7 +146,7 @@ def test_status_gives_each_runs_error_or_time_left_and_the_time_left_in_all(tmp_
     shutil.copytree(committed / finished, tmp_path / finished, ignore=shutil.ignore_patterns("*.pt"))
     unfinished_copy(committed / unfinished, tmp_path / unfinished, 91)
     status = run_main("experiments.grid", "table2-resnet32", "--dataset", "cifar10-jpeg", "--seeds", "0", "1",
-                      "--only", "K8-", "--status", "--out", str(tmp_path))
+                      "--only", "K8-", "--status", "--out", str(tmp_path), "--bench-out", str(tmp_path / "bench"))
     assert status.returncode == 0, status.stderr
     greedy = pd.read_csv(tmp_path / "cifar10-jpeg-resnet32-greedy-K8-s0" / "metrics.csv")["epoch_seconds"]
     contrast = pd.read_csv(tmp_path / "cifar10-jpeg-resnet32-infopro-contrast-K8-s0" / "metrics.csv")["epoch_seconds"]
@@ -168,7 +168,8 @@ def test_status_gives_each_runs_error_or_time_left_and_the_time_left_in_all(tmp_
         f"about {in_all:.0f} min of training left in 3 runs, each at the pace given; "
         "2 runs not timed (no seed of theirs has run an epoch)",
         # the committed K = 8 runs trained before each epoch recorded when it ran: no GPU share
-        "5 runs without a GPU share on record (no epoch of their configuration on a GPU recorded when it ran)"]
+        "5 runs without a GPU share on record (no epoch of their configuration on a GPU recorded when it ran, "
+        "and no epoch benchmark of it)"]
 
 
 def test_a_runs_pace_is_its_last_ten_epochs_median(tmp_path):

@@ -71,7 +71,7 @@ def test_the_gpu_time_left_comes_from_each_runs_share_or_another_seeds(tmp_path)
     assert status_summary(statuses, lease_minutes=15)[-1] == (
         "about 16 min of GPU time (H200) in 2 runs, each at the share of the GPU its configuration's recent "
         "epochs took; at least 2 leases of 15 device-minutes; 2 runs without a GPU share on record (no epoch of their "
-        "configuration on a GPU recorded when it ran)")
+        "configuration on a GPU recorded when it ran, and no epoch benchmark of it)")
 
 
 def test_the_gpu_time_line_counts_leases_only_when_asked_and_only_of_the_runs_it_can_time():
@@ -80,4 +80,37 @@ def test_the_gpu_time_line_counts_leases_only_when_asked_and_only_of_the_runs_it
                                       "its configuration's recent epochs took")
     assert gpu_time_line([timed], lease_minutes=10).endswith("; at least 2 leases of 10 device-minutes")
     assert gpu_time_line([untimed], lease_minutes=10) == ("1 run without a GPU share on record (no epoch of their "
-                                                          "configuration on a GPU recorded when it ran)")
+                                                          "configuration on a GPU recorded when it ran, and no epoch "
+                                                          "benchmark of it)")
+
+
+def write_epoch_bench(bench, gpu_slug, rows):
+    """An epoch benchmark's table (`infopro.epoch_bench`) of the grid's recipe on `gpu_slug`."""
+    bench.mkdir(exist_ok=True)
+    recipe = dict(arch="resnet32", dataset="cifar10-jpeg", batch_size=1024, precision="fp32", jobs=1,
+                  device="cpu" if gpu_slug == "cpu" else "cuda", device_name=gpu_slug.upper())
+    pd.DataFrame([recipe | row for row in rows]).to_csv(bench / f"epoch-resnet32-{gpu_slug}.csv", index=False)
+
+
+def test_a_run_without_a_share_takes_its_gpus_epoch_benchmark_of_its_configuration(tmp_path):
+    """Greedy SL K = 2 was benchmarked alone on an H200 at 2 s an epoch eagerly, the mode training takes there
+    (compiling would cost 600 s a process); InfoPro (Contrast) K = 4 only in a smoke run (batch 64) and on a
+    CPU. A run's own share, once it has one, comes first."""
+    configs = get_grid("table2-resnet32").configs(seeds=(0,), only=["greedy-K2-", "contrast-K4"],
+                                                  dataset="cifar10-jpeg")
+    runs, bench = tmp_path / "runs", tmp_path / "bench"
+    runs.mkdir()
+    greedy = dict(method="greedy", K=2)
+    contrast = dict(method="infopro-contrast", K=4, mode="eager", epoch_seconds=1.0, compile_seconds=1.0)
+    write_epoch_bench(bench, "nvidia-h200", [greedy | dict(mode="eager", epoch_seconds=2.0, compile_seconds=1.0),
+                                             greedy | dict(mode="compiled", epoch_seconds=1.5, compile_seconds=600.0),
+                                             contrast | dict(batch_size=64)])
+    write_epoch_bench(bench, "cpu", [contrast])
+    statuses = grid_status(configs, runs, bench)
+    assert [(status.gpu_minutes, status.gpu_benchmark) for status in statuses] == [(160 * 2.0 / 60, True),
+                                                                                   (None, False)]
+    assert statuses[0].gpu == "NVIDIA-H200"
+    assert "(1 of them at the GPU's epoch benchmark of the configuration, alone)" in gpu_time_line(statuses)
+    write_run(runs, configs[0].run_id(), "NVIDIA-H200", [(3.0 * i, 3.0 * i + 3) for i in range(10)])
+    status = grid_status(configs, runs, bench)[0]
+    assert (status.gpu_minutes, status.gpu_benchmark) == (150 * 3.0 / 60, False)
