@@ -194,7 +194,8 @@ def chosen_epochs(csv_path, settings=RemainderSettings(), network: dict | None =
         measured = ", ".join(f"{100 * a:.1f}% after {e} epochs" for a, e in zip(same.get("ixy_paper", []),
                                                                               same.get("rem_epochs", [])))
         raise InfoProError(f"no budget in {csv_path} brought the ceiling within 2 points of its network "
-                           f"({measured or 'none measured with these settings' + against}); measure a longer one, or give --epochs")
+                           f"({measured or 'none measured with these settings' + against}); measure a longer one, "
+                           "or give --epochs")
     return int(good["rem_epochs"].min())
 
 
