@@ -246,6 +246,27 @@ def test_a_network_takes_the_budget_settled_against_its_own_recipe(tmp_path):
         chosen_epochs(path, network={"arch": "resnet110", "recipe": "paper"})
 
 
+def test_layers_refuse_a_run_whose_recipe_has_no_ceiling_before_any_pass(tmp_path):
+    """A passing ceiling of another recipe does not settle the budget of this run's: one line, no row."""
+    import pandas as pd
+    from conftest import run_main
+
+    from infopro.config import TrainConfig
+    from infopro.train import train
+
+    train(TrainConfig(regime="greedy", K=2, dataset="synthetic", epochs=1, train_subset=100, test_subset=50,
+                      batch_size=50), tmp_path / "runs" / "tiny", device="cpu", log=lambda line: None)
+    ceilings = tmp_path / "remainder_ceiling.csv"
+    pd.DataFrame([RemainderSettings(epochs=2).as_columns() | dict(
+        run_id="e2e-elsewhere", arch="resnet32", recipe="another recipe", ixy_paper=0.8, network_accuracy=0.8,
+        within_2_points=True)]).to_csv(ceilings, index=False)
+    refused = run_main("analysis.remainder", "layers", "--runs", str(tmp_path / "runs"), "--ceilings", str(ceilings),
+                       "--out", str(tmp_path / "mi.csv"), "--device", "cpu")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "none measured with these settings against a network of resnet32, synthetic" in refused.stderr
+    assert not (tmp_path / "mi.csv").exists()
+
+
 @pytest.mark.slow  # the whole command line on a trained network: 13 s
 def test_the_command_measures_the_ceiling_then_every_layer_and_fig10_draws_them(tmp_path):
     """`ceiling` writes its rows and stops at the first candidate within 2 points; `layers` takes that
