@@ -23,7 +23,7 @@ from infopro.device import place
 from infopro.errors import InfoProError
 from infopro.mi import EstimatorSettings, information_about_x, information_about_y
 from infopro.probes import DEFAULT_L2, check_l2, check_pool, extract_features, frozen, probe_layers
-from infopro.records import check_writable, device_name, git_state, read_table, update_csv
+from infopro.records import check_writable, device_name, equal_as_read, git_state, read_table, update_csv
 from infopro.remainder import RemainderSettings, ceiling_within, estimate
 from infopro.remainder_steps import measure_steps
 from infopro.runs import Run
@@ -143,7 +143,7 @@ def same_budget_but_epochs(table: pd.DataFrame, settings: RemainderSettings) -> 
     mask = pd.Series(True, index=table.index)
     for key, value in settings.as_columns().items():
         if key != "rem_epochs":
-            mask &= table[key].astype(str) == str(value)
+            mask &= equal_as_read(table[key], value)
     return table[mask]
 
 
@@ -186,7 +186,7 @@ def chosen_epochs(csv_path, settings=RemainderSettings(), network: dict | None =
                            f"ceiling`), or give --epochs")
     table = read_ceilings(csv_path)
     for column, value in (network or {}).items():
-        table = table[table[column].astype(str) == str(value)]
+        table = table[equal_as_read(table[column], value)]
     same = table if table.empty else same_budget_but_epochs(table, settings)
     good = same[same["within_2_points"].astype(str) == "True"] if not same.empty else same
     if good.empty:
@@ -261,8 +261,8 @@ def replace_rows(table: pd.DataFrame, rows: pd.DataFrame, run_id: str, settings:
 
 
 def matches(table: pd.DataFrame, run_id: str, settings: dict) -> pd.Series:
-    """Rows of `run_id` made with exactly `settings` (compared as text, as read back from CSV)."""
+    """Rows of `run_id` made with exactly `settings` (as read back from CSV: `equal_as_read`)."""
     mask = table["run_id"] == run_id
     for key, value in settings.items():
-        mask &= (table[key].astype(str) == str(value)) if key in table else False
+        mask &= equal_as_read(table[key], value) if key in table else False
     return mask

@@ -12,6 +12,7 @@ from matplotlib.ticker import MaxNLocator
 
 from infopro.errors import InfoProError
 from infopro.plots import curve_seeds_text, footer, local_ks, new_figure, seeds_text, shared_legend
+from infopro.records import equal_as_read
 from infopro.remainder import RemainderSettings
 from infopro.selection import ANALYSIS_FIGURE_ARCH, figure_rows, with_method
 from infopro.splits import num_layer_points
@@ -132,7 +133,7 @@ def ceiling_accuracy(mi: pd.DataFrame, ceilings: pd.DataFrame | None) -> float |
         return None
     same, first = ceilings, mi.iloc[0]
     for key in (key for key in CEILING_KEYS if key in mi):
-        same = same[same[key].astype(str) == str(first[key])]
+        same = same[equal_as_read(same[key], first[key])]
     return None if same.empty else float(same["ixy_paper"].mean())
 
 
@@ -186,7 +187,7 @@ def remainder_text(row: pd.Series) -> str:
     """The remainder estimator's settings, for a footer, from one row of the mutual-information CSV."""
     return (f"Remainder estimator (infopro/remainder.py): per layer point, a fresh copy of the layers after it and the "
             f"head trained on the frozen h, InfoPro's decoder beside it; SGD Nesterov, lr {row['rem_lr']:g}, batch "
-            f"{row['rem_batch_size']}, {row['rem_epochs']} epochs, {row['rem_precision']}; "
+            f"{row['rem_batch_size']:g}, {row['rem_epochs']:g} epochs, {row['rem_precision']}; "
             f"{row['mi_train_images']:,} augmented train / {row['mi_test_images']:,} test images.")
 
 
@@ -201,7 +202,7 @@ def mutual_info_text(row: pd.Series) -> str:
     """The 1c2f estimators' settings, for a footer, from one row of the mutual-information CSV."""
     return (f"Usable information to a small head (infopro/mi.py): I(h,x) from a decoder trained with pixel BCE, "
             f"as a fraction of the entropy a perfect reconstruction removes; I(h,y) from a 1c2f classifier, "
-            f"as a fraction of H(y) = ln 10. Adam lr {row['est_lr']:g}, {row['est_epochs']} epochs, "
+            f"as a fraction of H(y) = ln 10. Adam lr {row['est_lr']:g}, {row['est_epochs']:g} epochs, "
             f"{row['mi_train_images']:,} train / {row['mi_test_images']:,} test images.")
 
 

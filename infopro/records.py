@@ -9,6 +9,7 @@ import fcntl
 import io
 import json
 import math
+import numbers
 import os
 import pickle
 import platform
@@ -165,6 +166,16 @@ def read_table(path, remedy: str, columns: tuple[str, ...] = (), rows=None, may_
         row = blank[column].idxmax()
         raise DataError(f"{path} has a blank {column} in data row {row + 1}; {remedy}")
     return table
+
+
+def equal_as_read(column: pd.Series, value) -> pd.Series:
+    """Which cells of a column read back from CSV equal `value`: numbers as numbers, since pandas
+    reads a column with blank cells as float (a remainder row leaves the 1c2f estimator's settings
+    blank, so its `est_epochs` 10 comes back as 10.0), anything else as text."""
+    numeric = pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+    if numeric and isinstance(value, numbers.Number) and not isinstance(value, bool):
+        return column == value
+    return column.astype(str) == str(value)
 
 
 def csv_cell(value):

@@ -644,3 +644,32 @@ def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path)
     with pytest.raises(InfoProError, match="cannot write results in .*a-file"):
         analyse_runs(runs, tmp_path / "a-file" / "out.csv", fake, settings, [1], log=lambda line: None)
     assert not calls
+
+
+def test_an_analysis_resumes_though_another_estimators_rows_leave_its_settings_blank(tmp_path):
+    """The remainder estimator's rows leave the 1c2f settings blank and the other way round, so pandas
+    reads both as float (10 as 10.0): neither analysis may then take its own finished rows for missing."""
+    from infopro.analysis import analyse_runs
+    from infopro.config import TrainConfig
+    from infopro.layer_plots import mutual_info_text, remainder_text
+    from infopro.train import train
+    train(TrainConfig(regime="e2e", dataset="synthetic", epochs=1, train_subset=64, test_subset=32,
+                      batch_size=32), tmp_path / "runs" / "r", device="cpu", log=lambda line: None)
+    runs, calls = find_runs(tmp_path / "runs"), []
+
+    def estimator(settings):
+        def analyse(run, layers):
+            calls.append(settings)
+            return [{"run_id": run.run_id, "task_loss": "", "layer": layer} | settings for layer in layers]
+        return analyse, lambda run: settings
+
+    csv = tmp_path / "out.csv"
+    small_head, remainder = {"estimator": "1c2f", "est_epochs": 10}, {"estimator": "remainder", "rem_epochs": 12}
+    for settings in (small_head, remainder, small_head, remainder):
+        analyse_runs(runs, csv, *estimator(settings), [1, 2], log=lambda line: None)
+    assert calls == [small_head, remainder] and len(pd.read_csv(csv)) == 4
+    row = pd.read_csv(csv).iloc[0].to_dict()  # the footers read such rows: est_epochs is 10.0
+    images = {"mi_train_images": 2000, "mi_test_images": 1000}
+    assert "Adam lr 0.003, 10 epochs" in mutual_info_text(row | images | {"est_lr": 0.003})
+    assert "batch 512, 30 epochs" in remainder_text(row | images | {"rem_lr": 0.4, "rem_batch_size": 512.0,
+                                                                    "rem_epochs": 30.0, "rem_precision": "bf16"})
