@@ -57,18 +57,23 @@ def remainder_settings(run: Run, settings=RemainderSettings()) -> dict:
 
 
 def layer_rows(run: Run, results: list[dict], settings: dict, device: torch.device) -> list[dict]:
-    """Rows for one run: run description + layer + module-end flag + settings + provenance."""
+    """Rows for one run: run description + layer + module-end flag + settings + the analysis's device."""
     ends = set(run.module_ends)
-    analysis = analysis_provenance(device)
-    return [run.row() | {"layer": r["layer"], "module_end": r["layer"] in ends} | settings | r | analysis
-            for r in results]
+    return [run.row() | {"layer": r["layer"], "module_end": r["layer"] in ends} | settings | r
+            | analysis_device(device) for r in results]
 
 
-def analysis_provenance(device: torch.device) -> dict:
-    """The commit, dirty flag and device of the analysis itself (the run's own are in `Run.row`)."""
+def analysis_device(device: torch.device) -> dict:
+    """The device of the analysis itself (the run's own is in `Run.row`)."""
+    return {"analysis_device": device_name(device)}
+
+
+def analysis_code() -> dict:
+    """The commit and dirty flag of the analysis's code, taken when a command's loop over runs starts
+    (`analyse_runs`, `measure_ceilings`, `paired.predict_runs`) and given to every row it writes: the
+    code a process runs is the code it loaded, whatever is committed while an analysis of hours runs."""
     git = git_state()
-    return {"analysis_commit": git["git_commit"], "analysis_dirty": git["git_dirty"],
-            "analysis_device": device_name(device)}
+    return {"analysis_commit": git["git_commit"], "analysis_dirty": git["git_dirty"]}
 
 
 def probe_run(run: Run, layers, *, pool="gap", l2=DEFAULT_L2, train_subset=None, test_subset=None,
@@ -119,7 +124,7 @@ def ceiling_run(run: Run, settings=RemainderSettings(), device=torch.device("cpu
     ceiling = estimate(backbone, train, test, [0], settings, log, step)[0]
     network = 1 - run.summary["final_test_error"] / 100
     return (run.row() | remainder_settings(run, settings) | ceiling | {"network_accuracy": network,
-            "within_2_points": ceiling_within(ceiling["ixy_paper"], network)} | analysis_provenance(device))
+            "within_2_points": ceiling_within(ceiling["ixy_paper"], network)} | analysis_device(device))
 
 
 def remainder_steps_run(run: Run, settings=RemainderSettings(), device=torch.device("cpu"), data_root=None,
@@ -152,7 +157,7 @@ def measure_ceilings(run: Run, candidates: list[int], csv_path, settings=Remaind
     """Train the ceiling at each candidate number of epochs, shortest first, until one comes within
     2 points of `run`'s own test accuracy; each row is written as soon as it is measured, and rows
     already in `csv_path` are not measured again. Returns the epochs chosen (None: none came close)."""
-    csv_path = Path(csv_path)
+    csv_path, code = Path(csv_path), analysis_code()
     check_writable(csv_path.parent)
     for epochs in sorted(set(candidates)):
         budget = replace(settings, epochs=epochs)
@@ -161,7 +166,7 @@ def measure_ceilings(run: Run, candidates: list[int], csv_path, settings=Remaind
         done = done if done.empty else done[(done["run_id"] == run.run_id) & (done["rem_epochs"] == epochs)]
         if done.empty:
             log(f"{run.run_id}: ceiling with {epochs} epochs")
-            done = pd.DataFrame([ceiling_run(run, budget, device, data_root, log, step)])
+            done = pd.DataFrame([ceiling_run(run, budget, device, data_root, log, step) | code])
             update_csv(csv_path, read_ceilings, partial(appended, rows=done))
         row = done.iloc[-1]
         within = str(row["within_2_points"]) == "True"
@@ -226,7 +231,7 @@ def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *
     A layer counts as done when the CSV holds its row for the run with `settings_of(run)`;
     `force` redoes them. New rows replace old ones for the same run, settings and layer.
     """
-    csv_path = Path(csv_path)
+    csv_path, code = Path(csv_path), analysis_code()
     check_writable(csv_path.parent)
     table = read_analysis(csv_path) if csv_path.exists() else pd.DataFrame()
     for run in runs:
@@ -242,7 +247,7 @@ def analyse_runs(runs: list[Run], csv_path, analyse, settings_of, layers=None, *
             log(f"{run.run_id}: already analysed")
             continue
         log(f"{run.run_id}:")
-        rows = pd.DataFrame(analyse(run, missing))
+        rows = pd.DataFrame([row | code for row in analyse(run, missing)])
         table = update_csv(csv_path, read_analysis,
                            partial(replace_rows, rows=rows, run_id=run.run_id, settings=settings))
     return table

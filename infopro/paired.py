@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from infopro.analysis import analysis_provenance
+from infopro.analysis import analysis_code, analysis_device
 from infopro.data import subset_indices
 from infopro.records import check_writable, decode_correct, encode_correct, read_table, update_csv
 from infopro.runs import Run
@@ -90,7 +90,7 @@ def scored_row(run: Run, correct: np.ndarray, used: np.ndarray, scored_from: str
         "test_split_images": len(correct), "held_out_images": int((~used).sum()),
         "recorded_test_error": run.summary["final_test_error"], "own_test_error": error(correct[used]),
         "held_out_test_error": error(correct[~used]), "correct": encode_correct(correct), "scored_from": scored_from,
-    } | analysis_provenance(device)
+    } | analysis_device(device)
 
 
 def predict_runs(runs: list[Run], csv_path, device: torch.device, data_root=None, *, force: bool = False,
@@ -98,7 +98,7 @@ def predict_runs(runs: list[Run], csv_path, device: torch.device, data_root=None
     """Add a row per run not yet in the CSV (all of them with `force`): its network scored where it has
     weights, else its training's per-image record where that covers the whole test split. The CSV is
     rewritten atomically after each, so an interrupted call loses nothing and a re-run does what is left."""
-    csv_path = Path(csv_path)
+    csv_path, code = Path(csv_path), analysis_code()
     check_writable(csv_path.parent)
     table = read_predictions(csv_path) if csv_path.exists() else pd.DataFrame(columns=["run_id"])
     for run in runs:
@@ -107,7 +107,7 @@ def predict_runs(runs: list[Run], csv_path, device: torch.device, data_root=None
         elif run.run_id in set(table["run_id"]) and not force:
             log(f"{run.run_id}: already scored")
         else:
-            scored = prediction_row(run, device, data_root) if run.has_weights else recorded_row(run, device)
+            scored = (prediction_row(run, device, data_root) if run.has_weights else recorded_row(run, device)) | code
             log(scored_line(scored))
             table = update_csv(csv_path, read_predictions, partial(replace_run, row=scored))
     return table

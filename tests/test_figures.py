@@ -673,3 +673,23 @@ def test_an_analysis_resumes_though_another_estimators_rows_leave_its_settings_b
     assert "Adam lr 0.003, 10 epochs" in mutual_info_text(row | images | {"est_lr": 0.003})
     assert "batch 512, 30 epochs" in remainder_text(row | images | {"rem_lr": 0.4, "rem_batch_size": 512.0,
                                                                     "rem_epochs": 30.0, "rem_precision": "bf16"})
+
+
+def test_an_analysis_names_the_code_it_started_with_not_what_is_committed_meanwhile(tmp_path, monkeypatch):
+    """Hours of estimates in a checkout where work goes on: every row names the commit its process loaded."""
+    import infopro.analysis
+    from infopro.analysis import analyse_runs
+    from infopro.config import TrainConfig
+    from infopro.train import train
+    train(TrainConfig(regime="e2e", dataset="synthetic", epochs=1, train_subset=64, test_subset=32,
+                      batch_size=32), tmp_path / "runs" / "r", device="cpu", log=lambda line: None)
+    commits = iter(["a" * 40, "b" * 40])
+    monkeypatch.setattr(infopro.analysis, "git_state", lambda: {"git_commit": next(commits), "git_dirty": False})
+
+    def committing_meanwhile(run, layers):
+        infopro.analysis.git_state()  # a commit lands while the layers are estimated
+        return [{"run_id": run.run_id, "task_loss": "", "layer": layer, "value": layer} for layer in layers]
+
+    csv = tmp_path / "out.csv"
+    analyse_runs(find_runs(tmp_path / "runs"), csv, committing_meanwhile, lambda run: {}, [1, 2], log=lambda line: None)
+    assert set(pd.read_csv(csv)["analysis_commit"]) == {"a" * 40}
