@@ -13,8 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
+from matplotlib import rcParams
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
+from matplotlib.textpath import TextPath
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from infopro.records import atomic_write
@@ -49,8 +52,31 @@ def shared_legend(figure: Figure, axes, extra: list[tuple] = ()) -> None:
     for handle, label in extra:
         handles.append(handle)
         labels.append(label)
-    columns = max(1, min(len(labels), int(figure.get_figwidth() / 1.9)))
-    figure.legend(handles, labels, loc="outside upper center", ncols=columns, frameon=False)
+    figure.legend(handles, labels, loc="outside upper center", ncols=legend_columns(labels, figure.get_figwidth()),
+                  frameon=False)
+
+
+def legend_columns(labels: list[str], width_inches: float) -> int:
+    """The most legend columns, at most one per 1.9 inches of the figure, whose entries fit its width,
+    measured at the legend's font size: a column is as wide as its longest label, so a few long labels
+    (the paper's curves, the ceiling) on one row would run past the figure's edges."""
+    size = FontProperties(size=rcParams["legend.fontsize"]).get_size_in_points()
+    widths = [TextPath((0, 0), label, size=size).get_extents().width for label in labels]
+    handle = (rcParams["legend.handlelength"] + rcParams["legend.handletextpad"]) * size
+    for columns in range(min(len(labels), int(width_inches / 1.9)), 1, -1):
+        needed = sum(max(column) + handle for column in legend_layout(widths, columns))
+        if needed + (columns - 1) * rcParams["legend.columnspacing"] * size <= 0.95 * width_inches * 72:
+            return columns
+    return 1
+
+
+def legend_layout(entries: list, columns: int) -> list[list]:
+    """The entries of each legend column, as matplotlib lays them out: column by column, the first
+    columns one entry longer where they do not divide evenly."""
+    rows, longer = divmod(len(entries), columns)
+    sizes = [rows + 1] * longer + [rows] * (columns - longer)
+    starts = [sum(sizes[:i]) for i in range(columns)]
+    return [entries[start:start + size] for start, size in zip(starts, sizes)]
 
 
 def seeds_text(df: pd.DataFrame, group: list[str], per: str = "point") -> str:

@@ -693,3 +693,25 @@ def test_an_analysis_names_the_code_it_started_with_not_what_is_committed_meanwh
     csv = tmp_path / "out.csv"
     analyse_runs(find_runs(tmp_path / "runs"), csv, committing_meanwhile, lambda run: {}, [1, 2], log=lambda line: None)
     assert set(pd.read_csv(csv)["analysis_commit"]) == {"a" * 40}
+
+
+def test_a_legend_of_long_labels_stays_within_its_figure():
+    """fig10 of E2E and one K beside the paper's curves and the ceiling: five entries, two of them long."""
+    import matplotlib as mpl
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from infopro.plots import legend_columns, shared_legend
+    from infopro.style import RC
+
+    labels = ["K = 1 (E2E)", "K = 4", "end of a local module", "paper, greedy SL and E2E (read off)",
+              "ceiling: the architecture trained on x, same budget"]
+    with mpl.rc_context(RC):
+        figure = Figure(figsize=(8, 3))
+        ax = figure.subplots()
+        for label in labels:
+            ax.plot([0, 1], [0, 1], label=label)
+        shared_legend(figure, ax)
+        legend = figure.legends[0].get_window_extent(FigureCanvasAgg(figure).get_renderer())
+        assert legend.x0 >= 0 and legend.x1 <= figure.bbox.width
+        assert legend_columns(["K = 2", "K = 4", "K = 8"], 8) == 3  # short labels keep a row
