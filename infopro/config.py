@@ -103,8 +103,8 @@ class TrainConfig:
 
     @property
     def method(self) -> str:
-        """The method as result files name it: e2e, greedy, dgl, infopro-contrast, infopro-softmax."""
-        return f"infopro-{self.task_loss}" if self.regime == "infopro" else self.regime
+        """The method as result files name it (`method_name`)."""
+        return method_name(self.regime, self.task_loss)
 
     def run_id(self) -> str:
         """Directory name from the content: dataset, arch, regime, K, split, recipe, seed.
@@ -119,6 +119,11 @@ class TrainConfig:
                          if getattr(self, name) != getattr(paper, name))
         recipe += "-bf16" if self.precision == "bf16" else ""
         return f"{self.dataset}-{self.arch}-{self.method}-K{self.K}{split}{recipe}-s{self.seed}"
+
+
+def method_name(regime: str, task_loss) -> str:
+    """The method as result files name it: e2e, greedy, dgl, infopro-contrast, infopro-softmax."""
+    return f"infopro-{task_loss}" if regime == "infopro" else regime
 
 
 def build_net(config: TrainConfig) -> LocalNet:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from infopro.config import TrainConfig
+from infopro.config import TrainConfig, method_name
 from infopro.records import provenance, read_json
 from infopro.runs import read_metrics
 from infopro.train import train
@@ -32,8 +32,7 @@ EPOCH_MODES = ("eager", "compiled")
 
 def method_key(method: dict) -> tuple[str, int]:
     """(method, K) as the CSV names a configuration of `EPOCH_METHODS`: infopro-contrast, 4."""
-    label = f"infopro-{method['task_loss']}" if method["regime"] == "infopro" else method["regime"]
-    return label, method["K"]
+    return method_name(method["regime"], method.get("task_loss")), method["K"]
 
 
 def measure_epochs(config: TrainConfig, step_mode: str, device: str, data_root=None) -> dict:

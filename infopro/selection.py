@@ -8,6 +8,7 @@ Figures (infopro/plots.py, infopro/layer_plots.py), tables (infopro/tables.py) a
 import pandas as pd
 
 from infopro.bench_methods import WHOLE_NETWORK
+from infopro.config import method_name
 from infopro.errors import InfoProError
 from infopro.splits import key_layer_points
 
@@ -16,14 +17,10 @@ ANALYSIS_FIGURE_ARCH = "resnet32"  # the network of the paper's analysis figure 
 PAPER_RANKING = ("infopro-contrast", "infopro-softmax", "dgl", "greedy")
 
 
-def method_key(regime: str, task_loss) -> str:
-    return f"infopro-{task_loss}" if regime == "infopro" else regime
-
-
 def with_method(df: pd.DataFrame) -> pd.DataFrame:
     """Add a `method` column (e2e, greedy, dgl, infopro-contrast, infopro-softmax)."""
     task = df["task_loss"].astype(object).fillna("") if "task_loss" in df else ""
-    return df.assign(method=[method_key(r, t) for r, t in zip(df["regime"], task)])
+    return df.assign(method=[method_name(r, t) for r, t in zip(df["regime"], task)])
 
 
 def training_by_recipe(df: pd.DataFrame, by=("recipe",)) -> pd.Series:

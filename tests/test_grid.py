@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, assert_free, run_cli, run_main, unfinished_copy
-from infopro.config import TrainConfig
+from infopro.config import TrainConfig, method_name
 from infopro.errors import InfoProError
 from infopro.grid import (RunStatus, get_grid, measure_jobs, run_grid, run_state, run_status, steady_window,
                           time_left_line, train_command)
-from infopro.selection import TABLE3_METHODS, method_key, run_of_method
+from infopro.selection import TABLE3_METHODS, run_of_method
 from infopro.train import train
 
 TINY = dict(dataset="synthetic", train_subset=100, test_subset=50, epochs=2, batch_size=50, lr=0.05,
@@ -210,7 +210,7 @@ def test_the_resnet110_grids_train_what_table2_and_table3_read():
     """table3-resnet110 trains exactly the runs whose errors Table 3 reads (InfoPro*: balanced
     splits); table2-resnet110 is the ResNet-32 grid on the deeper network; one E2E run serves both."""
     def trained(grid):
-        return {(method_key(c.regime, c.task_loss), c.K, c.split) for c in get_grid(grid).configs(seeds=[0])}
+        return {(method_name(c.regime, c.task_loss), c.K, c.split) for c in get_grid(grid).configs(seeds=[0])}
 
     whole_or_balanced = [m for m in TABLE3_METHODS if m in ("e2e", "checkpoint", "offload") or "balanced" in m]
     assert trained("table3-resnet110") == {run_of_method(method) for method in whole_or_balanced}
