@@ -110,7 +110,8 @@ def main(argv=None):
         print(f"budget: {chosen} epochs")
         return
     runs = finished_runs(args.runs, args.only)
-    budgets = {run.run_id: budget_of(run, args, settings) for run in runs}  # all refused before any pass
+    # Every budget is settled (or refused) before any pass; runs without weights are skipped, so need none.
+    budgets = {run.run_id: budget_of(run, args, settings) for run in runs if run.has_weights}
     analyse_runs(runs, args.out,
                  lambda r, points: remainder_run(r, points, settings=budgets[r.run_id], device=device,
                                                  data_root=args.data_root, step=args.step),

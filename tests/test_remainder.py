@@ -265,6 +265,10 @@ def test_layers_refuse_a_run_whose_recipe_has_no_ceiling_before_any_pass(tmp_pat
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "none measured with these settings against a network of resnet32, synthetic" in refused.stderr
     assert not (tmp_path / "mi.csv").exists()
+    (tmp_path / "runs" / "tiny" / "model.pt").unlink()  # a run without weights is skipped: it needs no budget
+    skipped = run_main("analysis.remainder", "layers", "--runs", str(tmp_path / "runs"), "--ceilings", str(ceilings),
+                       "--out", str(tmp_path / "mi.csv"), "--device", "cpu")
+    assert skipped.returncode == 0 and "no model.pt, skipped" in skipped.stdout
 
 
 @pytest.mark.slow  # the whole command line on a trained network: 13 s
