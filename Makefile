@@ -61,7 +61,7 @@ readme: claims table2  ## the README's claims and Table 2, pasted from results/t
 probes:  ## linear probes of every finished run not yet probed
 	$(PYTHON) -m analysis.probe --runs $(RESULTS)/runs --out $(RESULTS)/analysis/linear_probe.csv $(DATA) $(PROBE_ARGS)
 
-mutual-info:  ## I(h,x), I(h,y) of every finished run not yet estimated
+mutual-info:  ## I(h,x), I(h,y) by the 1c2f estimator, of every finished run not yet estimated
 	$(PYTHON) -m analysis.mutual_info --runs $(RESULTS)/runs --out $(RESULTS)/analysis/mutual_information.csv $(DATA) $(MI_ARGS)
 
 # Every network with weights (the CPU-trained ones after `make cpu-weights`) scored image by image
