@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 from infopro.records import atomic_write
 from infopro.selection import errors_by_method, figure_rows, measured_rows, memory_column, remeasured_times, with_method
-from infopro.style import BLACK, BLUE, GREEN, METHODS, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, styled
+from infopro.style import BENCH_FAMILIES, METHODS, styled
 
 
 def new_figure(width: float, height: float, rows: int = 1, cols: int = 1):
@@ -209,17 +209,9 @@ def save_figure(figure: Figure, stem) -> list[Path]:
     return paths
 
 
-FAMILY_STYLE = {  # benchmark family -> (label, colour, marker)
-    "e2e": ("E2E", BLACK, "D"), "checkpoint": ("checkpointing", PURPLE, "P"), "offload": ("offload", SKY, "X"),
-    "greedy": ("Greedy SL", VERMILLION, "o"), "dgl": ("DGL", VERMILLION, "p"), "infopro": ("InfoPro", BLUE, "s"),
-    "infopro-softmax": ("InfoPro (Softmax)", YELLOW, "<"),
-    "infopro-balanced": ("InfoPro* (balanced)", GREEN, "^"), "infopro+checkpoint": ("InfoPro + checkpointing", ORANGE, "v"),
-}
-
-
 def method_point(ax, x: float, y: float, result: pd.Series) -> None:
     """One benchmarked method as a point in its family's style, labelled with its K."""
-    label, colour, marker = FAMILY_STYLE[result["family"]]
+    label, colour, marker = BENCH_FAMILIES[result["family"]]
     ax.scatter(x, y, color=colour, marker=marker, s=36, label=label)
     ax.annotate("" if result["K"] == 1 else f"K={result['K']}", (x, y), fontsize=7, xytext=(3, 3),
                 textcoords="offset points")

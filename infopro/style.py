@@ -19,6 +19,17 @@ METHODS = {  # key -> (label, colour, marker, line style)
     "infopro-softmax": ("InfoPro (Softmax)", GREEN, "^", "-"),
 }
 LOCAL_METHODS = tuple(method for method in METHODS if method != "e2e")  # a panel each in fig8 and fig10
+# The benchmark's families (`infopro.bench_methods`) -> (label, colour, marker). A family that is a training
+# method keeps that method's colour and marker, so a method looks the same in fig_memory as in fig7 and fig8;
+# InfoPro* (InfoPro cut at other points) keeps InfoPro's blue with a marker of its own; checkpointing,
+# offloading and InfoPro with checkpointing take the palette's other colours.
+BENCH_FAMILIES = {
+    "e2e": METHODS["e2e"][:3], "greedy": METHODS["greedy"][:3], "dgl": METHODS["dgl"][:3],
+    "infopro": ("InfoPro", *METHODS["infopro-contrast"][1:3]), "infopro-softmax": METHODS["infopro-softmax"][:3],
+    "checkpoint": ("checkpointing", ORANGE, "P"), "offload": ("offload", SKY, "X"),
+    "infopro-balanced": ("InfoPro* (balanced)", BLUE, "^"),
+    "infopro+checkpoint": ("InfoPro + checkpointing", YELLOW, "v"),
+}
 RC = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
       "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}
 
