@@ -15,7 +15,7 @@ from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
                              memory_figure, recipe_rows, row_picker, table3, table3_bench)
 from infopro.layer_plots import fig8_linear_probes, fig_information_plane, layer_table
-from infopro.plots import fig_training_curves
+from infopro.plots import fig_training_curves, off_scale_top
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs, training_curves
 from infopro.selection import figure_rows, main_recipe, remeasured_times, with_method
@@ -178,6 +178,19 @@ def test_fig_memory_sets_time_against_operators_where_the_work_was_counted():
     time_vs_operators = [ax for ax in figure.axes if ax.get_title().endswith("time vs operators")]
     assert [len(ax.collections) for ax in time_vs_operators] == [15, 12]
     assert all(ax.get_lines() for ax in time_vs_operators)  # the diagonal
+
+
+def test_a_step_time_far_above_every_other_is_drawn_at_the_edge_with_its_value():
+    """Offloading's ten-fold step put every other ResNet-110 method of the time panel on one line."""
+    assert off_scale_top([906.0, 70.0, 10.0, 0.0]) == pytest.approx(87.5)
+    assert off_scale_top([260.0, 47.0, 0.0]) is None  # 5.5 times the next: every point fits
+    assert off_scale_top([5.0, -10.0]) is None and off_scale_top([3.0]) is None
+    figure = memory_figure(RESULTS)
+    time_vs_memory = {ax.get_title().split(",")[0]: ax for ax in figure.axes
+                      if ax.get_title().endswith("time vs memory")}
+    offload = [text.get_text() for text in time_vs_memory["resnet110"].texts if "off scale" in text.get_text()]
+    assert len(offload) == 1 and time_vs_memory["resnet110"].get_ylim()[1] < 100
+    assert not any("off scale" in text.get_text() for text in time_vs_memory["resnet32"].texts)
 
 
 def test_make_alone_lists_every_target_with_what_it_does():
