@@ -165,7 +165,7 @@ def after_lease(args, results: Path) -> None:
     """`home`: unpack the last call's parts and put the weights back."""
     bring_home(REPO_ROOT, results / "runs", ASIDE, Path(args.parts) if args.parts else None)
     print("next: commit the results (`git add -A results`), then on a CPU `make probes mutual-info test-predictions "
-          "DATA_ROOT=.data` for new weights and `make tables figures readme` (docs/training.md)")
+          "DATA_ROOT=.data` for new weights and `make tables figures readme` (docs/gpu-work.md)")
 
 
 def start_lease(args, results: Path) -> None:
