@@ -62,9 +62,10 @@ def module_end_table(df: pd.DataFrame) -> dict[int, list[int]]:
             for K, group in df.groupby("K")}
 
 
-def reference_curves(ax, reference: pd.DataFrame, quantity: str) -> bool:
-    """The paper's read-off values as faint thin lines; True if any were drawn."""
-    rows = reference[reference["quantity"] == quantity]
+def reference_curves(ax, reference: pd.DataFrame, quantity: str, Ks) -> bool:
+    """The paper's read-off values at the K in `Ks` (the panel's curves) as faint thin lines; True if any
+    were drawn. A K the panel lacks gets none: a dashed line would have no curve, and no legend entry."""
+    rows = reference[(reference["quantity"] == quantity) & reference["K"].isin(list(Ks))]
     for K, group in rows.groupby("K"):
         ax.plot(group["layer"], group["value"], color=K_COLOURS.get(K, PURPLE), lw=0.8, alpha=0.35, ls="--")
     return not rows.empty
@@ -87,7 +88,7 @@ def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
     for ax, method in zip(axes[0], panels):
         layer_curves(ax, panel_rows(probes, method), "test_error", ends)
         if method == "greedy" and probes["arch"].iloc[0] == ANALYSIS_FIGURE_ARCH:
-            paper = reference_curves(ax, reference, "linear_probe_test_error")
+            paper = reference_curves(ax, reference, "linear_probe_test_error", set(panel_rows(probes, method)["K"]))
         ax.set_title(METHODS[method][0])
         layer_axis(ax, "linear-probe test error (%)")
         ax.set_ylim(bottom=0)
@@ -157,7 +158,7 @@ def fig10_mutual_information(mi: pd.DataFrame, reference: pd.DataFrame | None = 
             layer_curves(ax, rows, value, ends)
             if value in PAPER_MI and reference is not None and method in ("greedy", "e2e") \
                     and mi["arch"].iloc[0] == ANALYSIS_FIGURE_ARCH:
-                paper = reference_curves(ax, reference, PAPER_MI[value]) or paper
+                paper = reference_curves(ax, reference, PAPER_MI[value], set(rows["K"])) or paper
             if value == "ixy_paper" and ceiling is not None:
                 ax.axhline(ceiling, color="grey", ls=":", lw=1.2)
             ax.set_title(f"{METHODS[method][0]}: {label.split(':')[0].split(' /')[0]}")

@@ -339,8 +339,8 @@ def test_the_figure_draws_the_paper_dashed_and_the_ceiling_dotted():
                              ixy_paper=0.9 - 0.01 * layer * (K > 1), ixx_paper=0.4, mi_train_images=50000,
                              mi_test_images=10000, rem_lr=0.4, rem_batch_size=512, rem_epochs=30,
                              rem_precision="bf16"))
-    reference = pd.DataFrame([dict(quantity="ixy_paper_units", regime="greedy", K=4, layer=layer, value=0.9)
-                              for layer in range(1, 17)])
+    reference = pd.DataFrame([dict(quantity="ixy_paper_units", regime="greedy", K=K, layer=layer, value=value)
+                              for K, value in ((4, 0.9), (8, 0.8)) for layer in range(1, 17)])  # no K = 8 rows
     budget = dict(arch="resnet32", recipe="r", rem_lr=0.4, rem_batch_size=512, rem_epochs=30, rem_precision="bf16")
     ceilings = pd.DataFrame([budget | dict(ixy_paper=0.88), budget | dict(recipe="a CPU fixture", ixy_paper=0.6),
                              budget | dict(rem_lr=0.1, ixy_paper=0.7)])  # other recipes' and budgets' ceilings
