@@ -215,7 +215,8 @@ def method_point(ax, x: float, y: float, result: pd.Series, top: float | None = 
     label, colour, marker = BENCH_FAMILIES[result["family"]]
     text = "" if result["K"] == 1 else f"K={result['K']}"
     if top is not None and y > top:
-        text, y = ", ".join(filter(None, [text, f"{y:+.0f}% (off scale)"])), 0.95 * top
+        text = ", ".join(part for part in (text, f"{y:+.0f}% (off scale)") if part)
+        y = 0.95 * top
     ax.scatter(x, y, color=colour, marker=marker, s=36, label=label)
     ax.annotate(text, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
 
