@@ -1,7 +1,8 @@
 """Checks of the committed results and of the docs, run by `make check` (marked `check`, so the
 code's tests, `python -m pytest`, leave them out): every table rebuilds to the character, the
 README shows the generated tables, every column and link is accounted for, every notebook runs,
-`make fig8` works right after set-up, and the GPU plan agrees with the grid's status."""
+`make fig8` works right after set-up, the README's Python example runs on the committed weights, and the
+GPU plan agrees with the grid's status."""
 
 import re
 import shutil
@@ -20,7 +21,8 @@ from infopro.figures import TARGETS, build
 from infopro.bench import allocator_calls
 from infopro.records import read_json
 from infopro.remainder import RemainderSettings, in_paper_units
-from infopro.runs import find_runs
+from infopro.data import load_dataset
+from infopro.runs import Run, find_runs, load_run
 from infopro.trace import Span, gpu_idle
 
 pytestmark = pytest.mark.check
@@ -188,6 +190,21 @@ def test_the_readme_stays_a_front_page():
     assert len(readme.splitlines()) < 250
     assert re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", readme) == []
 
+
+def test_the_readmes_python_example_runs_on_the_committed_weights(monkeypatch):
+    """The README's example loads a committed network and reads its layers; its printed errors are the
+    run's record. The test images are synthetic here (the tests never need the dataset), so the example's
+    API is what this checks, and the comment's numbers against summary.json."""
+    code = re.search(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    run = load_run(RESULTS / "runs" / re.search(r'load_run\("results/runs/([^"]+)"\)', code).group(1))
+    recorded = run.summary["final_test_error"]
+    assert f"test error (%): {recorded:.2f} {recorded:.2f}" in code
+    monkeypatch.setattr(Run, "load_data", lambda self, data_root=None: load_dataset("synthetic"))
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert sorted(namespace["h"]) == run.module_ends
+    x_hat = namespace["x_hat"]
+    assert x_hat.shape == (100, 3, 32, 32) and 0 <= x_hat.min() and x_hat.max() <= 1
 
 def github_anchor(heading: str) -> str:
     """The fragment GitHub gives a Markdown heading: lower case, punctuation but - and _ dropped, spaces to -."""
