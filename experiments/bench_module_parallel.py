@@ -19,7 +19,7 @@ from infopro.cli import ArgumentParser, at_least, run
 from infopro.config import TrainConfig
 from infopro.data import DATASETS
 from infopro.device import resolve_device
-from infopro.local import REGIMES
+from infopro.local import OBJECTIVES
 from infopro.models import ARCHS
 from infopro.module_parallel_throughput import compare_throughput
 from infopro.records import check_writable, device_slug, provenance
@@ -28,7 +28,7 @@ from infopro.records import check_writable, device_slug, provenance
 def parse_args(argv=None):
     p = ArgumentParser(prog="python -m experiments.bench_module_parallel", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="resnet32", choices=ARCHS)
-    p.add_argument("--regime", default="infopro", choices=REGIMES[1:])
+    p.add_argument("--regime", default="infopro", choices=list(OBJECTIVES))
     p.add_argument("--K", type=at_least(2), nargs="+", default=[2, 4], help="local modules, one rank each")
     p.add_argument("--staleness", type=at_least(0), nargs="+", default=[0, 2], help="max staleness values to time")
     p.add_argument("--dataset", default="synthetic", choices=DATASETS)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from infopro.selection import ANALYSIS_FIGURE_ARCH, PAPER_RANKING, default_estimator, figure_rows, with_method
 from infopro.splits import key_layer_points, module_ends, num_layer_points
-from infopro.style import LOCAL_METHODS, METHODS
+from infopro.style import METHODS
 
 PAPER_KS = (2, 4, 8, 16)
 HOLDS, PARTLY, FAILS = "holds", "partly", "does not hold"
@@ -79,8 +79,8 @@ def infopro_recovers_the_gap(ours: dict, paper: dict, method: str) -> dict:
 
 
 def ordering(errors: dict, K: int) -> list[str]:
-    """The methods with a run at K, best first."""
-    present = [m for m in LOCAL_METHODS if errors.get((m, K)) is not None]
+    """The paper's locally supervised methods with a run at K, best first."""
+    present = [m for m in PAPER_RANKING if errors.get((m, K)) is not None]
     return sorted(present, key=lambda m: errors[(m, K)])
 
 

@@ -13,7 +13,7 @@ import torch
 
 from infopro.data import DATASETS
 from infopro.errors import InfoProError
-from infopro.local import REGIMES, TASK_LOSSES, LocalNet, build_local_net, check_e2e_is_one_module
+from infopro.local import TASK_LOSSES, LocalNet, build_local_net, check_e2e_is_one_module, regimes
 from infopro.models import ARCHS
 from infopro.splits import LossWeights, loss_weights, module_ends
 
@@ -53,7 +53,7 @@ class TrainConfig:
     precision: str = "fp32"
 
     def __post_init__(self):
-        for name, valid in (("arch", ARCHS), ("regime", REGIMES), ("dataset", DATASETS),
+        for name, valid in (("arch", ARCHS), ("regime", regimes()), ("dataset", DATASETS),
                             ("precision", PRECISIONS)):
             if getattr(self, name) not in valid:
                 raise InfoProError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(valid)}")

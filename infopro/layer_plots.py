@@ -16,7 +16,7 @@ from infopro.records import equal_as_read
 from infopro.remainder import RemainderSettings
 from infopro.selection import ANALYSIS_FIGURE_ARCH, figure_rows, with_method
 from infopro.splits import num_layer_points
-from infopro.style import K_COLOURS, LOCAL_METHODS, METHODS, PURPLE, styled
+from infopro.style import K_COLOURS, METHODS, PURPLE, local_methods, styled
 
 LAYER_AXIS = "layer point (1 = stem, then one per residual block)"
 
@@ -80,7 +80,7 @@ def panel_rows(df: pd.DataFrame, method: str) -> pd.DataFrame:
 def fig8_linear_probes(probes: pd.DataFrame, reference: pd.DataFrame) -> Figure:
     """Linear-probe test error vs layer point, one curve per K: greedy SL, and DGL and InfoPro beside it."""
     probes, recipe = figure_rows(probes)
-    panels = [m for m in LOCAL_METHODS if m in set(probes["method"])]
+    panels = [m for m in local_methods() if m in set(probes["method"])]
     panels = panels or ["e2e"]
     figure, axes = new_figure(4.0 * len(panels), 3.9, 1, len(panels))
     ends = module_end_table(probes)
@@ -146,7 +146,7 @@ def fig10_mutual_information(mi: pd.DataFrame, reference: pd.DataFrame | None = 
     ceiling of the estimator's budget dotted on every I(h,y) panel."""
     estimator = estimator_of(mi)
     mi, recipe = figure_rows(mi)
-    methods = [m for m in LOCAL_METHODS if m in set(mi["method"])]
+    methods = [m for m in local_methods() if m in set(mi["method"])]
     methods = methods or ["e2e"]
     figure, axes = new_figure(8.0, 0.6 + 2.9 * len(methods), len(methods), 2)
     ends = module_end_table(mi)

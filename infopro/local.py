@@ -13,11 +13,12 @@ and softmax cross-entropy):
               contrastive on a 128-d embedding, or softmax cross-entropy) about the label y;
               both through the paper's "1c2f" auxiliary head.
 
-Objectives are loss modules (`objective(h, x, y) -> loss`); the trainer decides where the
-graph is cut and when `backward` runs.
+Objectives are loss modules (`objective(h, x, y) -> loss`), one per regime in `OBJECTIVES`; the
+trainer decides where the graph is cut and when `backward` runs.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -27,7 +28,6 @@ from infopro.errors import InfoProError
 from infopro.models import CifarResNet, build_backbone, init_like_paper
 from infopro.splits import LossWeights
 
-REGIMES = ("e2e", "greedy", "dgl", "infopro")
 TASK_LOSSES = ("contrast", "softmax")
 CONTRAST_DIM = 128          # embedding size of the contrastive head (--aux_net_feature_dim)
 HIDDEN_DIM = 128            # hidden width of the auxiliary head's two FC layers
@@ -200,6 +200,35 @@ class InfoProObjective(nn.Module):
         return f"task_loss={self.task_loss}, lambda1={self.lambda1:g}, lambda2={self.lambda2:g}"
 
 
+@dataclass(frozen=True)
+class ModuleEnd:
+    """What a local objective is built from: the shape of the features h at its module end (channels,
+    height = width), the number of classes, and InfoPro's task loss and this module's λ1, λ2 (None
+    for a regime without λ: its config resolves none)."""
+
+    channels: int
+    size: int
+    num_classes: int
+    task_loss: str
+    lambda1: float | None
+    lambda2: float | None
+
+
+# Regime -> the objective that trains each of its modules but the last (E2E has none: K = 1). A new local
+# loss is one entry here, in this file or at run time, and one of `style.METHODS` (docs/extending.md).
+OBJECTIVES = {
+    "greedy": lambda end: GreedyObjective(end.channels, end.num_classes),
+    "dgl": lambda end: DGLObjective(end.channels, end.size, end.num_classes),
+    "infopro": lambda end: InfoProObjective(end.channels, end.size, end.num_classes, end.task_loss,
+                                            end.lambda1, end.lambda2),
+}
+
+
+def regimes() -> tuple[str, ...]:
+    """E2E and every regime of `OBJECTIVES`, those registered at run time included."""
+    return "e2e", *OBJECTIVES
+
+
 def run_layers(layers, h: torch.Tensor) -> torch.Tensor:
     """Apply `layers` in order: how a module's backbone segment runs unless told otherwise."""
     for layer in layers:
@@ -289,8 +318,8 @@ def check_e2e_is_one_module(regime: str, K: int) -> None:
 def build_local_net(arch: str, regime: str, ends: list[int], weights: LossWeights,
                     task_loss: str = "contrast", num_classes: int = 10) -> LocalNet:
     """Backbone plus the regime's objective at each module end, initialised as the paper's code."""
-    if regime not in REGIMES:
-        raise InfoProError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
+    if regime not in regimes():
+        raise InfoProError(f"unknown regime {regime!r}; valid: {', '.join(regimes())}")
     if task_loss not in TASK_LOSSES:
         raise InfoProError(f"unknown task loss {task_loss!r}; valid: {', '.join(TASK_LOSSES)}")
     check_e2e_is_one_module(regime, len(ends) + 1)
@@ -298,12 +327,7 @@ def build_local_net(arch: str, regime: str, ends: list[int], weights: LossWeight
     objectives = []
     for k, end in enumerate(ends):
         channels, size, _ = backbone.layer_shape(end)
-        if regime == "greedy":
-            objectives.append(GreedyObjective(channels, num_classes))
-        elif regime == "dgl":
-            objectives.append(DGLObjective(channels, size, num_classes))
-        else:
-            objectives.append(InfoProObjective(channels, size, num_classes, task_loss,
-                                               weights.lambda1[k], weights.lambda2[k]))
+        lambdas = (weights.lambda1[k], weights.lambda2[k]) if weights.lambda1 else (None, None)
+        objectives.append(OBJECTIVES[regime](ModuleEnd(channels, size, num_classes, task_loss, *lambdas)))
     init_like_paper(nn.ModuleList(objectives))
     return LocalNet(backbone, ends, objectives)

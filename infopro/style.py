@@ -18,7 +18,6 @@ METHODS = {  # key -> (label, colour, marker, line style)
     "infopro-contrast": ("InfoPro (Contrast)", BLUE, "s", "-"),
     "infopro-softmax": ("InfoPro (Softmax)", GREEN, "^", "-"),
 }
-LOCAL_METHODS = tuple(method for method in METHODS if method != "e2e")  # a panel each in fig8 and fig10
 # The benchmark's families (`infopro.bench_methods`) -> (label, colour, marker). A family that is a training
 # method keeps that method's colour and marker, so a method looks the same in fig_memory as in fig7 and fig8;
 # InfoPro* (InfoPro cut at other points) keeps InfoPro's blue with a marker of its own; checkpointing,
@@ -32,6 +31,11 @@ BENCH_FAMILIES = {
 }
 RC = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
       "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}
+
+
+def local_methods() -> tuple[str, ...]:
+    """The locally supervised methods, a panel each in fig8 and fig10: those added at run time included."""
+    return tuple(method for method in METHODS if method != "e2e")
 
 
 def styled(draw):

@@ -15,7 +15,7 @@ from infopro.data_parallel import DataParallel
 from infopro.device import resolve_device
 from infopro.distributed import Rank, run_as_torchrun_rank, under_torchrun
 from infopro.errors import InfoProError
-from infopro.local import REGIMES, TASK_LOSSES
+from infopro.local import TASK_LOSSES, regimes
 from infopro.models import ARCHS
 from infopro.step import STEP_MODES
 from infopro.train import train
@@ -35,7 +35,7 @@ def add_training_arguments(p: ArgumentParser) -> None:
     """The options of one training run (shared with experiments.train_pipeline)."""
     defaults = TrainConfig()
     p.add_argument("--arch", default=defaults.arch, choices=ARCHS)
-    p.add_argument("--regime", required=True, choices=REGIMES)
+    p.add_argument("--regime", required=True, choices=regimes())
     p.add_argument("--K", type=int, default=1, help="number of local modules (1 = end-to-end)")
     p.add_argument("--task-loss", choices=TASK_LOSSES,
                    help="InfoPro's I(h,y) term: supervised contrastive or softmax cross-entropy "

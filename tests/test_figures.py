@@ -11,14 +11,17 @@ import pytest
 from matplotlib.collections import PathCollection, PolyCollection
 
 from conftest import REPO, run_main, unfinished_copy
+from infopro.config import method_name
 from infopro.errors import InfoProError
 from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
                              memory_figure, recipe_rows, row_picker, table3, table3_bench)
 from infopro.layer_plots import fig8_linear_probes, fig_information_plane, layer_table
+from infopro.local import TASK_LOSSES, regimes
 from infopro.plots import fig_training_curves, off_scale_top
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs, training_curves
 from infopro.selection import figure_rows, main_recipe, remeasured_times, with_method
+from infopro.style import METHODS
 from infopro.tables import extra_work, mean_std, schedule_check, table2, to_latex
 
 RESULTS = REPO / "results"
@@ -33,6 +36,11 @@ def results_before_the_profile(tmp_path):
                                                                     "idle-*", "compiled"))
     return results
 
+
+def test_every_method_the_trainer_can_name_has_a_style():
+    """A local loss added to `local.OBJECTIVES` needs a label, colour and marker before a figure can draw it."""
+    names = {method_name(regime, task) for regime in regimes() for task in TASK_LOSSES}
+    assert names <= set(METHODS), f"no style.METHODS entry for {sorted(names - set(METHODS))}"
 
 def test_table3_shows_the_max_batch_search_and_the_work_and_ignores_other_bench_csvs(tmp_path):
     """Stand-in CSVs of the other measurements in bench/ (their real ones come from a GPU, or from

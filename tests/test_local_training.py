@@ -9,12 +9,16 @@ from torch.overrides import TorchFunctionMode
 from infopro.config import TrainConfig, build_net
 from infopro.device import prepare_input
 from infopro.errors import InfoProError
-from infopro.local import DGLObjective, supervised_contrastive_loss
+from infopro.local import OBJECTIVES, TASK_LOSSES, DGLObjective, supervised_contrastive_loss
 from infopro.memory import SavedActivations
 from infopro.step import train_step
 from infopro.train import train
 
-REGIMES = [("e2e", 1, None), ("greedy", 4, None), ("dgl", 4, None), ("infopro", 4, "contrast"), ("infopro", 4, "softmax")]
+# E2E and every regime of `OBJECTIVES` at K = 4 (InfoPro once per task loss): a local loss added there is
+# tested below for gradient isolation, gradients, host copies and learning without a word here.
+REGIMES = [("e2e", 1, None)] + [(regime, 4, task) for regime in OBJECTIVES
+                                for task in (TASK_LOSSES if regime == "infopro" else (None,))]
+LOCAL = [(regime, task) for regime, _, task in REGIMES[1:]]
 
 
 def fixed_batch(n=16, seed=0):
@@ -40,7 +44,7 @@ def module_loss(net, k, x, y):
     return F.cross_entropy(net.backbone.head(h), y)
 
 
-@pytest.mark.parametrize("regime,task", [("greedy", None), ("dgl", None), ("infopro", "contrast")])
+@pytest.mark.parametrize("regime,task", LOCAL)
 def test_no_gradient_crosses_a_module_boundary(regime, task):
     x, y = fixed_batch()
     net = build_net(TrainConfig(regime=regime, K=4, task_loss=task, dataset="synthetic"))

@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 from infopro import models, step
 from infopro.config import TrainConfig, build_net
 from infopro.errors import InfoProError
+from infopro.local import OBJECTIVES
 from infopro.records import read_json
 from infopro.step import compile_modules, resolve_step_mode, train_step
 from infopro.train import OneProcess, train
@@ -93,7 +94,7 @@ def test_every_module_keeps_its_graph_for_the_full_and_the_last_batch(shallow_ar
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("regime,K", [("e2e", 1), ("greedy", 2), ("infopro", 2), ("dgl", 2)])
+@pytest.mark.parametrize("regime,K", [("e2e", 1)] + [(regime, 2) for regime in OBJECTIVES])
 def test_inductor_step_matches_the_eager_step(shallow_archs, regime, K):
     config = shallow_config(regime, K)
     eager, compiled = build_net(config), build_net(config)
