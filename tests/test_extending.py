@@ -1,4 +1,5 @@
-"""docs/extending.md's example: a local loss registered at run time trains, is named and probed like the paper's."""
+"""docs/extending.md's example: a local loss registered at run time trains, is named, probed and tabled like
+the paper's."""
 
 import re
 
@@ -9,7 +10,9 @@ from infopro import local, style
 from infopro.analysis import probe_run
 from infopro.config import TrainConfig
 from infopro.errors import InfoProError
-from infopro.runs import load_run
+from infopro.figures import load_reference
+from infopro.runs import load_run, runs_table
+from infopro.tables import table2
 from infopro.train import train
 
 
@@ -38,3 +41,5 @@ def test_a_local_loss_registered_as_the_docs_say_trains_and_is_probed(registries
     rows = probe_run(run, run.module_ends, train_subset=500, test_subset=200, log=lambda line: None)
     assert [(row["regime"], row["layer"]) for row in rows] == [("sim", 4), ("sim", 8), ("sim", 12)]
     assert style.local_methods()[-1] == "sim"
+    table = table2(runs_table(tmp_path), load_reference(REPO / "results", "table2"))[0].set_index(["method", "K"])
+    assert table.loc[("Similarity matching", 4)].iloc[-1] == "–"  # beside the paper's rows, with no paper value
