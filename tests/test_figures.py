@@ -42,6 +42,7 @@ def test_every_method_the_trainer_can_name_has_a_style():
     names = {method_name(regime, task) for regime in regimes() for task in TASK_LOSSES}
     assert names <= set(METHODS), f"no style.METHODS entry for {sorted(names - set(METHODS))}"
 
+
 def test_table3_shows_the_max_batch_search_and_the_work_and_ignores_other_bench_csvs(tmp_path):
     """Stand-in CSVs of the other measurements in bench/ (their real ones come from a GPU, or from
     another batch size: the work counted at a batch other than the step table's is not its)."""
