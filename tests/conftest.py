@@ -5,6 +5,7 @@ import importlib.util
 import io
 import os
 import pickle
+import re
 import runpy
 import shutil
 import signal
@@ -109,6 +110,11 @@ def exit_status(module: str) -> int:
         traceback.print_exc(file=sys.stderr)
         return 1
     return 0
+
+
+def python_block(page: str) -> str:
+    """The first ```python block of a Markdown page of the repository: the example a test runs."""
+    return re.search(r"```python\n(.*?)```", (REPO / page).read_text(), re.S).group(1)
 
 
 def assert_free(run: Path) -> None:

@@ -16,7 +16,7 @@ from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
 from analysis.readme import pasted, read_tables
-from conftest import REPO, run_main
+from conftest import REPO, python_block, run_main
 from infopro.figures import TARGETS, build
 from infopro.bench import allocator_calls
 from infopro.records import read_json
@@ -195,7 +195,7 @@ def test_the_readmes_python_example_runs_on_the_committed_weights(monkeypatch):
     """The README's example loads a committed network and reads its layers; its printed errors are the
     run's record. The test images are synthetic here (the tests never need the dataset), so the example's
     API is what this checks, and the comment's numbers against summary.json."""
-    code = re.search(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    code = python_block("README.md")
     run = load_run(RESULTS / "runs" / re.search(r'load_run\("results/runs/([^"]+)"\)', code).group(1))
     recorded = run.summary["final_test_error"]
     assert f"test error (%): {recorded:.2f} {recorded:.2f}" in code

@@ -1,11 +1,9 @@
 """docs/extending.md's example: a local loss registered at run time trains, is named, probed and tabled like
 the paper's."""
 
-import re
-
 import pytest
 
-from conftest import REPO
+from conftest import REPO, python_block
 from infopro import local, style
 from infopro.analysis import probe_run
 from infopro.config import TrainConfig
@@ -27,7 +25,7 @@ def registries():
 
 
 def test_a_local_loss_registered_as_the_docs_say_trains_and_is_probed(registries, tmp_path):
-    example = re.search(r"```python\n(.*?)```", (REPO / "docs" / "extending.md").read_text(), re.S).group(1)
+    example = python_block("docs/extending.md")
     with pytest.raises(InfoProError, match="unknown regime 'sim'"):
         TrainConfig(regime="sim", K=4)
     exec(compile(example, "docs/extending.md", "exec"), {})
