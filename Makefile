@@ -29,8 +29,8 @@ check:  ## check the committed results and docs: tables rebuild, columns documen
 test-slow:  ## the slow equivalence tests (multi-process training, fresh-process benchmarks)
 	$(PYTHON) -m pytest -m slow
 
-# RECIPE (fig7, fig8, fig10, fig_info_plane, fig_curves, table2): instead of the paper's recipe (the default), draw
-# the recipe whose label contains it, or RECIPE=fixture (the 12-epoch CPU toy), as <target>-fixture.
+# RECIPE (fig7, fig8, fig10, fig_info_plane, fig_curves, table2, claims): instead of the paper's recipe (the default),
+# show the recipe whose label contains it, or RECIPE=fixture (the 12-epoch CPU toy), as <target>-fixture.
 RECIPE ?=
 # ARCH (the same figures and table2): draw that network's runs, e.g. ARCH=resnet110, as <target>-resnet110.
 ARCH ?=
@@ -51,8 +51,9 @@ $(FIGURES) $(TABLES):
 figures:  ## every figure, from results/
 	$(BUILD) $(FIGURES)
 
-tables:  ## every table, from results/
+tables:  ## every table, from results/, and the claims judged on the CPU fixture (tables/claims-fixture.md)
 	$(BUILD) $(TABLES)
+	@$(PYTHON) -m analysis.build --results $(RESULTS) --recipe fixture claims
 
 readme: claims table2  ## the README's claims and Table 2, pasted from results/tables/
 	$(PYTHON) -m analysis.readme --results $(RESULTS)

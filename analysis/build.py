@@ -3,6 +3,7 @@
     python -m analysis.build fig8            # results/figures/fig8.png and .pdf
     python -m analysis.build fig7 fig10 table2
     python -m analysis.build fig8 --recipe fixture        # the 12-epoch CPU toy: results/figures/fig8-fixture.png
+    python -m analysis.build claims --recipe fixture      # the paper's claims judged on it: tables/claims-fixture.md
     python -m analysis.build fig8 table2 --arch resnet110  # results/figures/fig8-resnet110.png, ...
 
 fig7: test error vs K (Table 2's runs); fig8: linear separability per layer (linear_probe.csv);
@@ -27,8 +28,9 @@ def main(argv=None):
     p.add_argument("targets", nargs="+", choices=TARGETS)
     p.add_argument("--results", default="results", help="the results folder to read and write")
     p.add_argument("--recipe", metavar="TEXT",
-                   help="fig7, fig8, fig10, fig_info_plane, fig_curves, table2: show the recipe whose label contains "
-                        "TEXT, or 'fixture' (the 12-epoch CPU toy), instead of the paper's, as <target>-<TEXT>.png")
+                   help="fig7, fig8, fig10, fig_info_plane, fig_curves, table2, claims: show the recipe whose "
+                        "label contains TEXT, or 'fixture' (the 12-epoch CPU toy), instead of the paper's, as "
+                        "<target>-<TEXT>")
     p.add_argument("--arch", choices=ARCHS,
                    help="fig7, fig8, fig10, fig_info_plane, fig_curves, table2: show this network's runs instead of those of the "
                         "network covering the most configurations, as <target>-<ARCH>")

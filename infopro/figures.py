@@ -252,10 +252,12 @@ def table3(results) -> tuple[pd.DataFrame, str]:
                          load_idle(results, bench), load_compiled(results, bench))
 
 
-def claims_table(results) -> tuple[pd.DataFrame, str]:
-    """The paper's claims with our verdicts (infopro/claims.py), from the default rows of every target."""
+def claims_table(results, pick=lambda df: df) -> tuple[pd.DataFrame, str]:
+    """The paper's claims with our verdicts (infopro/claims.py), from the default rows of every target
+    among the runs and analyses `pick` keeps (`row_picker`: a recipe's; Table 3's claim is the same in
+    every recipe's table)."""
     bench = selection.measured_rows(table3_bench(results))
-    return claims.claims(load_runs(results), load_probes(results), load_mutual_info(results),
+    return claims.claims(pick(load_runs(results)), pick(load_probes(results)), pick(load_mutual_info(results)),
                          bench, selection.memory_column(bench)[0], load_reference(results, "table2"),
                          load_reference(results, "analysis_figure"), load_reference(results, "table3"))
 
@@ -308,14 +310,15 @@ def estimator_rows(df: pd.DataFrame, estimator: str | None) -> pd.DataFrame:
     return rows
 
 
-def row_picker(recipe: str | None, arch: str | None, estimator: str | None = None):
+def row_picker(recipe: str | None, arch: str | None, estimator: str | None = None, one_estimator: bool = True):
     """The rows a target draws: those of `arch`, of the recipe whose label contains `recipe` and, in
     the mutual-information rows, of one estimator (`estimator_rows`, whose default depends on the
-    recipe shown, so it comes last); the figures then pick as by default among what is left."""
+    recipe shown, so it comes last) unless not `one_estimator` (the claims read each estimator's
+    rows themselves); the figures then pick as by default among what is left."""
     def pick(df: pd.DataFrame) -> pd.DataFrame:
         df = df if arch is None else arch_rows(df, arch)
         df = df if recipe is None else recipe_rows(df, recipe)
-        return estimator_rows(df, estimator) if "estimator" in df else df
+        return estimator_rows(df, estimator) if one_estimator and "estimator" in df else df
     return pick
 
 
@@ -330,8 +333,6 @@ FIGURES = {
     "fig_memory": lambda r, pick: memory_figure(r),
     "fig_schedule": lambda r, pick: layer_plots.fig_schedule(*load_schedule_analysis(r)),
 }
-# The targets that show one recipe of the runs.
-RECIPE_FIGURES = ("fig7", "fig8", "fig10", "fig_info_plane", "fig_curves", "table2")
 TABLES = {
     "table2": lambda r, pick: tables.table2(pick(load_runs(r)), load_reference(r, "table2")),
     "table3": lambda r, pick: table3(r),
@@ -339,10 +340,12 @@ TABLES = {
     "table_paired": lambda r, pick: tables.paired(load_test_predictions(r)),
     "table_e2e_gap": lambda r, pick: tables.e2e_gap(load_test_predictions(r)),
     "table_ranking": lambda r, pick: tables.ranking(load_test_predictions(r)),
-    "claims": lambda r, pick: claims_table(r),
+    "claims": claims_table,
 }
 TARGETS = (*FIGURES, *TABLES)
-ARCH_TARGETS = RECIPE_FIGURES  # the targets that show one network of the runs
+ARCH_TARGETS = ("fig7", "fig8", "fig10", "fig_info_plane", "fig_curves", "table2")  # show one network of the runs
+# The targets that show one recipe of the runs: the claims too, judged by the same rules in a CPU fixture.
+RECIPE_TARGETS = (*ARCH_TARGETS, "claims")
 ESTIMATOR_TARGETS = ("fig10", "fig_info_plane")  # the targets that show one estimator of I(h,x), I(h,y)
 
 
@@ -355,7 +358,7 @@ def build(target: str, results="results", recipe: str | None = None, arch: str |
           estimator: str | None = None) -> list[Path]:
     """Build one figure (results/figures/<target>.png and .pdf) or table (results/tables/<target>.*).
 
-    With `recipe`, a target of RECIPE_FIGURES shows the runs of the recipe whose label contains
+    With `recipe`, a target of RECIPE_TARGETS shows the runs of the recipe whose label contains
     that text; with `arch`, a target of ARCH_TARGETS shows that network's runs (where another
     network covers more configurations). Either writes <target>[-<arch>][-<recipe, slugged>].*,
     beside the default. With `estimator`, fig10 and fig_info_plane draw that estimator's rows, as
@@ -364,7 +367,7 @@ def build(target: str, results="results", recipe: str | None = None, arch: str |
     if target not in TARGETS:
         raise InfoProError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")
     if recipe is not None:
-        refuse_unless(target, "recipe", RECIPE_FIGURES)
+        refuse_unless(target, "recipe", RECIPE_TARGETS)
     if arch is not None:
         refuse_unless(target, "arch", ARCH_TARGETS)
     if estimator is not None:
@@ -372,8 +375,10 @@ def build(target: str, results="results", recipe: str | None = None, arch: str |
     results = Path(results)
     slug = None if recipe is None else re.sub(r"[^a-z0-9]+", "-", recipe.lower()).strip("-")
     stem = "-".join(part for part in (target, arch, slug, estimator) if part)
-    pick = row_picker(recipe, arch, estimator)
+    pick = row_picker(recipe, arch, estimator, one_estimator=target in ESTIMATOR_TARGETS)
     if target in FIGURES:
         return plots.save_figure(FIGURES[target](results, pick), results / "figures" / stem)
     table, caption = TABLES[target](results, pick)
+    if target == "claims" and slug:
+        table = claims.of_recipe(table, slug)
     return tables.write_table(table, caption, results / "tables" / stem)

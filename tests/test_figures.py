@@ -13,8 +13,8 @@ from matplotlib.collections import PathCollection, PolyCollection
 from conftest import REPO, run_main, unfinished_copy
 from infopro.config import method_name
 from infopro.errors import InfoProError
-from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_schedule_analysis, max_batch_path,
-                             memory_figure, recipe_rows, row_picker, table3, table3_bench)
+from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_runs, load_schedule_analysis,
+                             max_batch_path, memory_figure, recipe_rows, row_picker, table3, table3_bench)
 from infopro.layer_plots import fig8_linear_probes, fig_information_plane, layer_table
 from infopro.local import TASK_LOSSES, regimes
 from infopro.plots import fig_training_curves, off_scale_top
@@ -232,8 +232,8 @@ def test_make_status_lists_the_grid_in_the_results_given(tmp_path):
 
 def test_make_builds_figures_and_tables_in_one_process_per_command():
     """`make -n` prints the commands without running them: `make figures tables` is one build of
-    every figure and one of every table; targets named together are one build of them all, with
-    the options given."""
+    every figure, one of every table and one of the fixture's claims; targets named together are one
+    build of them all, with the options given."""
     def builds(*goals) -> list[list[str]]:
         dry = subprocess.run(["make", "-n", *goals], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert dry.returncode == 0, dry.stderr
@@ -242,7 +242,8 @@ def test_make_builds_figures_and_tables_in_one_process_per_command():
     def targets(commands) -> list[list[str]]:
         return [[word for word in words if word in TARGETS] for words in commands]
 
-    assert targets(builds("figures", "tables")) == [list(FIGURES), list(TABLES)]
+    every = builds("figures", "tables")
+    assert targets(every) == [list(FIGURES), list(TABLES), ["claims"]] and "fixture" in every[-1]
     together = builds("fig8", "table2", "fig7", "probes", "ARCH=resnet110")
     assert targets(together) == [["fig7", "fig8", "table2"]] and "resnet110" in together[0]
     assert targets(builds("fig10")) == [["fig10"]]
@@ -414,7 +415,20 @@ def test_a_figure_of_a_named_recipe_draws_only_its_runs_beside_the_default_figur
     assert [path.name for path in build("table2", results_copy, recipe="fixture")][0] == "table2-fixture.csv"
     result = run_main("analysis.build", "table3", "--results", str(results_copy), "--recipe", "160 epochs")
     assert result.returncode == 2
-    assert result.stderr == "error: --recipe applies to fig7, fig8, fig10, fig_info_plane, fig_curves, table2, not table3\n"
+    assert result.stderr == ("error: --recipe applies to fig7, fig8, fig10, fig_info_plane, fig_curves, table2, "
+                             "claims, not table3\n")
+
+
+def test_the_claims_of_a_named_recipe_are_judged_on_its_runs_and_point_at_its_figures(results_copy):
+    """`make claims RECIPE=fixture`: the same rules on the fixture's runs and analyses, Table 3's claim aside."""
+    fixture = with_method(recipe_rows(load_runs(results_copy), "fixture"))
+    e2e = fixture.loc[(fixture["method"] == "e2e") & (fixture["arch"] == "resnet32"), "final_test_error"].mean()
+    default, of_fixture = (pd.read_csv(build("claims", results_copy, recipe=recipe)[0]) for recipe in (None, "fixture"))
+    assert of_fixture["ours"].iloc[0].startswith(f"E2E {e2e:.2f}; ")
+    assert default["ours"].iloc[0] != of_fixture["ours"].iloc[0]
+    assert list(of_fixture["from"]) == [path if path == "tables/table3.md" else path.replace(".", "-fixture.")
+                                        for path in default["from"]]
+    assert of_fixture["ours"].iloc[-1] == default["ours"].iloc[-1]  # Table 3 trains nothing: no recipe of its own
 
 
 def test_table2_shows_the_papers_recipe_beside_the_paper_and_the_fixture_on_request():
