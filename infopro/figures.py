@@ -6,6 +6,7 @@ the command making it and what that costs.
 """
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -252,16 +253,6 @@ def table3(results) -> tuple[pd.DataFrame, str]:
                          load_idle(results, bench), load_compiled(results, bench))
 
 
-def claims_table(results, pick=lambda df: df) -> tuple[pd.DataFrame, str]:
-    """The paper's claims with our verdicts (infopro/claims.py), from the default rows of every target
-    among the runs and analyses `pick` keeps (`row_picker`: a recipe's; Table 3's claim is the same in
-    every recipe's table)."""
-    bench = selection.measured_rows(table3_bench(results))
-    return claims.claims(pick(load_runs(results)), pick(load_probes(results)), pick(load_mutual_info(results)),
-                         bench, selection.memory_column(bench)[0], load_reference(results, "table2"),
-                         load_reference(results, "analysis_figure"), load_reference(results, "table3"))
-
-
 def runs_or_empty(results) -> pd.DataFrame:
     """Finished runs, or an empty table: memory results stand without test errors."""
     return runs_table(Path(results) / "runs")
@@ -310,19 +301,42 @@ def estimator_rows(df: pd.DataFrame, estimator: str | None) -> pd.DataFrame:
     return rows
 
 
-def row_picker(recipe: str | None, arch: str | None, estimator: str | None = None, one_estimator: bool = True):
+@dataclass(frozen=True)
+class RowPicker:
     """The rows a target draws: those of `arch`, of the recipe whose label contains `recipe` and, in
     the mutual-information rows, of one estimator (`estimator_rows`, whose default depends on the
     recipe shown, so it comes last) unless not `one_estimator` (the claims read each estimator's
     rows themselves); the figures then pick as by default among what is left."""
-    def pick(df: pd.DataFrame) -> pd.DataFrame:
-        df = df if arch is None else arch_rows(df, arch)
-        df = df if recipe is None else recipe_rows(df, recipe)
-        return estimator_rows(df, estimator) if one_estimator and "estimator" in df else df
-    return pick
+
+    recipe: str | None = None
+    arch: str | None = None
+    estimator: str | None = None
+    one_estimator: bool = True
+
+    def __call__(self, df: pd.DataFrame) -> pd.DataFrame:
+        df = df if self.arch is None else arch_rows(df, self.arch)
+        df = df if self.recipe is None else recipe_rows(df, self.recipe)
+        return estimator_rows(df, self.estimator) if self.one_estimator and "estimator" in df else df
 
 
-# Each target from the results folder and a selection of rows (`row_picker`: all rows by default).
+def recipe_slug(recipe: str) -> str:
+    """A recipe's text as a file name's part: `make fig8 RECIPE=fixture` writes fig8-fixture.png."""
+    return re.sub(r"[^a-z0-9]+", "-", recipe.lower()).strip("-")
+
+
+def claims_table(results, pick=RowPicker(one_estimator=False)) -> tuple[pd.DataFrame, str]:
+    """The paper's claims with our verdicts (infopro/claims.py), from the default rows of every target
+    among the runs and analyses `pick` keeps. Those of a recipe (`pick.recipe`) point at that recipe's
+    figures and tables; Table 3's claim is the same in every recipe's table."""
+    bench = selection.measured_rows(table3_bench(results))
+    table, caption = claims.claims(pick(load_runs(results)), pick(load_probes(results)),
+                                   pick(load_mutual_info(results)), bench, selection.memory_column(bench)[0],
+                                   load_reference(results, "table2"), load_reference(results, "analysis_figure"),
+                                   load_reference(results, "table3"))
+    return (table if pick.recipe is None else claims.of_recipe(table, recipe_slug(pick.recipe))), caption
+
+
+# Each target from the results folder and a selection of rows (`RowPicker`: all rows by default).
 FIGURES = {
     "fig7": lambda r, pick: plots.fig7_error_vs_k(pick(load_runs(r)), load_reference(r, "table2")),
     "fig8": lambda r, pick: layer_plots.fig8_linear_probes(pick(load_probes(r)), load_reference(r, "analysis_figure")),
@@ -373,12 +387,10 @@ def build(target: str, results="results", recipe: str | None = None, arch: str |
     if estimator is not None:
         refuse_unless(target, "estimator", ESTIMATOR_TARGETS)
     results = Path(results)
-    slug = None if recipe is None else re.sub(r"[^a-z0-9]+", "-", recipe.lower()).strip("-")
+    slug = None if recipe is None else recipe_slug(recipe)
     stem = "-".join(part for part in (target, arch, slug, estimator) if part)
-    pick = row_picker(recipe, arch, estimator, one_estimator=target in ESTIMATOR_TARGETS)
+    pick = RowPicker(recipe, arch, estimator, one_estimator=target in ESTIMATOR_TARGETS)
     if target in FIGURES:
         return plots.save_figure(FIGURES[target](results, pick), results / "figures" / stem)
     table, caption = TABLES[target](results, pick)
-    if target == "claims" and slug:
-        table = claims.of_recipe(table, slug)
     return tables.write_table(table, caption, results / "tables" / stem)

@@ -177,7 +177,7 @@ def test_fig10_and_the_input_claim_switch_to_the_remainder_once_it_covers_the_pa
 
 def test_a_shorter_recipes_remainder_rows_leave_the_shown_recipe_as_it_is():
     """A CPU fixture covered by the remainder estimator switches its own figure, not the paper recipe's."""
-    from infopro.figures import row_picker
+    from infopro.figures import RowPicker
 
     curves = {("e2e", 1): [0.9] * 16, **{("greedy", K): [0.8] * 16 for K in PAPER_KS}}
     fixture = layer_rows("ixy_paper", curves, "remainder").assign(recipe="12 epochs, batch 128", epochs=12,
@@ -185,8 +185,8 @@ def test_a_shorter_recipes_remainder_rows_leave_the_shown_recipe_as_it_is():
     mi = pd.concat([SMALL_HEAD, fixture], ignore_index=True)
     assert default_estimator(mi) == "1c2f"
     assert "1c2f estimator" in input_lost_early(mi, IXY_REFERENCE)["test"]
-    assert set(row_picker(None, None)(mi)["estimator"]) == {"1c2f"}
-    assert set(row_picker("fixture", None)(mi)["estimator"]) == {"remainder"}
+    assert set(RowPicker()(mi)["estimator"]) == {"1c2f"}
+    assert set(RowPicker("fixture")(mi)["estimator"]) == {"remainder"}
 
 
 def test_infopro_star_must_save_a_third_of_the_memory_in_less_time_than_checkpointing():

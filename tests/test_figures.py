@@ -13,8 +13,8 @@ from matplotlib.collections import PathCollection, PolyCollection
 from conftest import REPO, run_main, unfinished_copy
 from infopro.config import method_name
 from infopro.errors import InfoProError
-from infopro.figures import (FIGURES, TABLES, TARGETS, build, load_reference, load_runs, load_schedule_analysis,
-                             max_batch_path, memory_figure, recipe_rows, row_picker, table3, table3_bench)
+from infopro.figures import (FIGURES, TABLES, TARGETS, RowPicker, build, load_reference, load_runs,
+                             load_schedule_analysis, max_batch_path, memory_figure, recipe_rows, table3, table3_bench)
 from infopro.layer_plots import fig8_linear_probes, fig_information_plane, layer_table
 from infopro.local import TASK_LOSSES, regimes
 from infopro.plots import fig_training_curves, off_scale_top
@@ -382,8 +382,8 @@ def test_a_target_of_a_named_network_draws_only_its_runs_beside_the_default(tmp_
     fixture = probes[probes["epochs"] == 12]
     deeper = fixture[fixture["K"] <= 2].assign(arch="resnet110", test_error=fixture["test_error"] + 40)
     both = pd.concat([fixture, deeper])
-    assert row_picker("12 epochs", "resnet110")(both).equals(deeper)
-    assert row_picker(None, "resnet32")(both).equals(fixture)
+    assert RowPicker("12 epochs", "resnet110")(both).equals(deeper)
+    assert RowPicker(None, "resnet32")(both).equals(fixture)
     results = tmp_path / "results"
     shutil.copytree(RESULTS / "reference", results / "reference")
     (results / "analysis").mkdir()
