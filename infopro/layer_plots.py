@@ -33,7 +33,8 @@ MODULE_END = (Line2D([], [], marker="o", ms=6, mfc="white", mec="black", ls=""),
 def layer_curves(ax, df: pd.DataFrame, value: str, ends: dict[int, list[int]]) -> None:
     """One line per K: mean of `value` over seeds at each layer, shaded from the lowest to the
     highest seed where there are several (so a gap between curves can be read against the seed
-    spread); module ends as large markers."""
+    spread); module ends as large markers, the network's last layer point among them (a curve that stops
+    short of it, estimated so far only in part, ends without one)."""
     for K, group in sorted(df.groupby("K"), key=lambda item: item[0]):
         by_layer = group.groupby("layer")[value]
         means = by_layer.mean()
@@ -42,7 +43,8 @@ def layer_curves(ax, df: pd.DataFrame, value: str, ends: dict[int, list[int]]) -
         ax.plot(means.index, means.values, color=colour, lw=1.4, marker="o", ms=2.5, label=label)
         if group["seed"].nunique() > 1:
             ax.fill_between(means.index, by_layer.min(), by_layer.max(), color=colour, alpha=0.15, lw=0)
-        at_ends = [layer for layer in means.index if layer in ends.get(K, []) or layer == means.index.max()]
+        last = num_layer_points(group["arch"].iloc[0])
+        at_ends = [layer for layer in means.index if layer in ends.get(K, []) or layer == last]
         ax.scatter(at_ends, means.loc[at_ends], s=28, color=colour, edgecolor="black", linewidth=0.8, zorder=3)
 
 

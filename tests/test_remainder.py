@@ -325,20 +325,22 @@ def test_the_command_measures_the_ceiling_then_every_layer_and_fig10_draws_them(
                           RemainderSettings(batch_size=50, lr=0.1, precision="fp32"))
 
 
+def figure_rows_of_e2e_and_greedy_k4() -> list[dict]:
+    """Remainder rows of an E2E and a greedy SL K = 4 ResNet-32 at every layer point, as fig10 reads them."""
+    return [dict(run_id=f"{regime}-K{K}", regime=regime, task_loss="", K=K, split="paper", seed=0, recipe="r",
+                 epochs=160, train_images=50000, layer=layer, arch="resnet32",
+                 module_end=layer in (4, 8, 12) and K == 4, estimator="remainder",
+                 ixy_paper=0.9 - 0.01 * layer * (K > 1), ixx_paper=0.4, mi_train_images=50000,
+                 mi_test_images=10000, rem_lr=0.4, rem_batch_size=512, rem_epochs=30, rem_precision="bf16")
+            for regime, K in (("e2e", 1), ("greedy", 4)) for layer in range(1, 17)]
+
+
 def test_the_figure_draws_the_paper_dashed_and_the_ceiling_dotted():
     import pandas as pd
 
     from infopro.layer_plots import fig10_mutual_information
 
-    rows = []
-    for regime, K in (("e2e", 1), ("greedy", 4)):
-        for layer in range(1, 17):
-            rows.append(dict(run_id=f"{regime}-K{K}", regime=regime, task_loss="", K=K, split="paper", seed=0,
-                             recipe="r", epochs=160, train_images=50000, layer=layer, arch="resnet32",
-                             module_end=layer in (4, 8, 12) and K == 4, estimator="remainder",
-                             ixy_paper=0.9 - 0.01 * layer * (K > 1), ixx_paper=0.4, mi_train_images=50000,
-                             mi_test_images=10000, rem_lr=0.4, rem_batch_size=512, rem_epochs=30,
-                             rem_precision="bf16"))
+    rows = figure_rows_of_e2e_and_greedy_k4()
     reference = pd.DataFrame([dict(quantity="ixy_paper_units", regime="greedy", K=K, layer=layer, value=value)
                               for K, value in ((4, 0.9), (8, 0.8)) for layer in range(1, 17)])  # no K = 8 rows
     budget = dict(arch="resnet32", recipe="r", rem_lr=0.4, rem_batch_size=512, rem_epochs=30, rem_precision="bf16")
@@ -358,6 +360,18 @@ def test_the_figure_draws_the_paper_dashed_and_the_ceiling_dotted():
     key_only = pd.DataFrame([row for row in rows if row["K"] == 1 or row["layer"] in (1, 4, 8, 12, 16)])
     footer = " ".join(text.get_text() for text in fig10_mutual_information(key_only, reference, ceilings).texts)
     assert said in footer.replace("\n", " ")
+
+
+def test_the_figure_marks_module_ends_and_the_last_layer_not_where_a_partial_curve_stops():
+    import pandas as pd
+
+    from infopro.layer_plots import fig10_mutual_information
+
+    partial = pd.DataFrame([row for row in figure_rows_of_e2e_and_greedy_k4()
+                            if (row["layer"] <= 10 if row["K"] == 1 else row["layer"] in (1, 4, 8, 12, 16))])
+    ixy = fig10_mutual_information(partial).axes[1]
+    marked = [sorted(collection.get_offsets()[:, 0].tolist()) for collection in ixy.collections]
+    assert marked == [[], [4.0, 8.0, 12.0, 16.0]]  # E2E's curve stops at layer 10, short of its last point
 
 
 def test_asking_for_an_estimator_without_rows_names_the_command_that_makes_them(tmp_path):
