@@ -10,10 +10,12 @@ A lent machine takes one command at a time (at most 10 minutes), is given back 3
 ends, and only what a command leaves under $OUT comes back. Run in the foreground, the lease's work
 (`experiments.reproduce`) would have to be cut into calls, each restarting its trainings from
 packed checkpoints. `start` starts it instead in a process session of its own, which outlives the
-call, with a time budget that ends it, at an epoch boundary, before the lease does; each `wait`
-prints the job's new log lines while it runs, and at its end packs every results file the lease
-has written so far (`experiments.travel.pack`: checkpoints included, never a half-written file)
-into $OUT. The next call must come within the machine's idle time, or the job is lost with it.
+call, with a time budget that ends it, at an epoch boundary, before the lease does. The job reads and
+writes a copy of the results folder under .lease/, which git ignores, since each call copies the
+tree afresh over the tracked files the job has written to. Each `wait` prints the job's new log
+lines while it runs, and at its end packs every results file the lease has written so far
+(`experiments.travel.pack`: checkpoints included, never a half-written file) into $OUT, to unpack
+as results/. The next call must come within the machine's idle time, or the job is lost with it.
 `aside` and `home` run here, around the lease (experiments.travel): the weights the lease reads
 last stay here while it runs, so that the tree and the data fit what a call carries. A lent machine
 may receive a stale `.git` with the tree, so prefix `start` with `INFOPRO_GIT_COMMIT=<sha>
@@ -23,6 +25,7 @@ INFOPRO_GIT_DIRTY=0` (`git rev-parse HEAD` here): the results then name the code
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -37,6 +40,7 @@ from infopro.records import REPO_ROOT, check_writable, git_state, write_json
 
 STATE = REPO_ROOT / ".lease"      # the job's pid, start, log and exit status (git ignores it)
 ASIDE = STATE / "aside"           # the weights a lease leaves home (`aside`), until `home`
+JOB_RESULTS = STATE / "results"   # the job's copy of the results folder (`copy_for_job`)
 RETURNED_PARTS = 8                # a command brings back at most 8 files of 16 MiB
 PROGRESS_SECONDS = 60
 STARTUP_SECONDS = 10  # `start` waits this long for a job that fails at once
@@ -45,9 +49,7 @@ STARTUP_SECONDS = 10  # `start` waits this long for a job that fails at once
 def start_job(command: list[str], state: Path, log: Path) -> dict:
     """Start `command` in the repository root in a session of its own (it survives the call that starts it),
     its output to `log`, its exit status to `state`/exit when it ends; refuse while another job runs."""
-    if job_running(state):
-        raise InfoProError(f"a lease job is running already (pid {read_state(state)['pid']}); "
-                           "`python -m experiments.lease wait` follows it")
+    refuse_while_running(state)
     state.mkdir(parents=True, exist_ok=True)
     for previous in ("exit", "shown"):
         (state / previous).unlink(missing_ok=True)
@@ -60,6 +62,25 @@ def start_job(command: list[str], state: Path, log: Path) -> dict:
     job = {"pid": process.pid, "started": started, "log": str(log), "command": command}
     write_json(state / "job.json", job)
     return job
+
+
+def refuse_while_running(state: Path) -> None:
+    if job_running(state):
+        raise InfoProError(f"a lease job is running already (pid {read_state(state)['pid']}); "
+                           "`python -m experiments.lease wait` follows it")
+
+
+def copy_for_job(results: Path, copy: Path) -> Path:
+    """`results` copied to `copy` (a folder named results, in one git ignores), file times kept, for the job
+    to read and write.
+
+    Why: each call of a lent machine copies the working tree afresh, tracked files included, over what the
+    job still running there wrote to them since the last call (a CSV it added rows to); a folder git
+    ignores is kept between calls. Packed relative to its parent, the copy's files come home as results/."""
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(results, copy, symlinks=True)
+    return copy
 
 
 def read_state(state: Path) -> dict:
@@ -147,29 +168,31 @@ def parse_args(argv=None):
     home = commands.add_parser("home", help="here, after a lease: unpack its last call's parts, put the weights "
                                             "back, remove the checkpoints of runs that finished")
     home.add_argument("--parts", metavar="FOLDER", help="the folder the last call's results-*.tar came back to")
-    for command in (start, wait, aside, home):
+    for command in (start, aside, home):
         command.add_argument("--results", default="results", help="the results folder (default: results)")
     return p.parse_args(argv)
 
 
-def before_lease(args, results: Path) -> None:
+def before_lease(args) -> None:
     """`aside`: refuse uncommitted code, fit the tree to a call, print the first call."""
-    state = git_state()
+    results, state = Path(args.results).resolve(), git_state()
     check_code_is_named(state)  # else the job would refuse on the machine, its start already paid
     leave_home(REPO_ROOT, results / "runs", stages(results, None), args.carry, ASIDE, int(args.limit_mib * 2**20))
     print(f"the first call (M: its device minutes less about 4), carrying {' '.join(args.carry) or 'nothing'}:\n"
           f"  {first_call(state['git_commit'], args.carry)}")
 
 
-def after_lease(args, results: Path) -> None:
+def after_lease(args) -> None:
     """`home`: unpack the last call's parts and put the weights back."""
-    bring_home(REPO_ROOT, results / "runs", ASIDE, Path(args.parts) if args.parts else None)
+    bring_home(REPO_ROOT, Path(args.results).resolve() / "runs", ASIDE, Path(args.parts) if args.parts else None)
     print("next: commit the results (`git add -A results`), then on a CPU `make probes mutual-info test-predictions "
           "DATA_ROOT=.data` for new weights and `make tables figures readme` (docs/gpu-work.md)")
 
 
-def start_lease(args, results: Path) -> None:
-    """`start`: the lease's job, detached; fails at once if the job does."""
+def start_lease(args) -> None:
+    """`start`: the lease's job, detached, on a copy of the results folder; fails at once if the job does."""
+    refuse_while_running(STATE)  # before its copy is replaced
+    results = copy_for_job(Path(args.results).resolve(), JOB_RESULTS)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d-%H%M")
     job = start_job(reproduce_command(args.minutes, args.data_root, results), STATE,
                     results / "bench" / "logs" / f"lease-{stamp}.log")
@@ -179,13 +202,13 @@ def start_lease(args, results: Path) -> None:
         raise InfoProError(f"the lease's job ended at once with exit status {status} (its log is above)")
 
 
-def wait_on_lease(args, results: Path) -> None:
-    """`wait`: follow the job, pack what it wrote, say whether it runs on."""
+def wait_on_lease(args) -> None:
+    """`wait`: follow the job, pack what it wrote to its copy of the results, say whether it runs on."""
     if args.pack_to:
         check_writable(args.pack_to)
     status = follow(STATE, args.seconds)
     if args.pack_to:
-        pack_lease(STATE, results, Path(args.pack_to), int(args.pack_mib * 2**20))
+        pack_lease(STATE, JOB_RESULTS, Path(args.pack_to), int(args.pack_mib * 2**20))
     if status is None:
         print("the job runs on: call `wait` again within the machine's idle time")
     elif status:
@@ -197,7 +220,7 @@ def wait_on_lease(args, results: Path) -> None:
 def main(argv=None):
     args = parse_args(argv)
     actions = {"aside": before_lease, "home": after_lease, "start": start_lease, "wait": wait_on_lease}
-    actions[args.action](args, Path(args.results).resolve())
+    actions[args.action](args)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """A lease's detached job: started once, outlives its starter, followed and packed by later calls."""
 
+import os
 import subprocess
 import sys
 import tarfile
@@ -49,3 +50,28 @@ def test_a_second_job_is_refused_while_one_runs_and_a_failure_is_its_status(tmp_
 def test_following_without_a_job_says_how_to_start_one(tmp_path):
     with pytest.raises(InfoProError, match="no lease job was started here .*given back.*lease start`"):
         follow(tmp_path / ".lease", 1, log=lambda line: None)
+
+
+def test_the_job_writes_to_a_copy_of_the_results_that_packs_home_as_results(tmp_path, monkeypatch):
+    """A lent machine's later call copies the tree afresh over the tracked files the job wrote to: `start`
+    gives the job a copy in the ignored state folder, and `wait` packs that copy's new files, and only
+    those, as results/..."""
+    from experiments import lease
+
+    results, state = tmp_path / "results", tmp_path / ".lease"
+    table = results / "analysis" / "mutual_information.csv"
+    table.parent.mkdir(parents=True)
+    table.write_text("layer\n1\n")
+    os.utime(table, (1e9, 1e9))  # committed long before the lease
+    (state / "results" / "stale").mkdir(parents=True)  # an earlier job's copy
+    monkeypatch.setattr(lease, "STATE", state)
+    monkeypatch.setattr(lease, "JOB_RESULTS", state / "results")
+    monkeypatch.setattr(lease, "reproduce_command", lambda minutes, data_root, copy: writer_job(copy, 0))
+    lease.main(["start", "--minutes", "1", "--results", str(results)])
+    lease.main(["wait", "--seconds", "30", "--pack-to", str(tmp_path / "out")])
+    copy = state / "results"
+    assert not (copy / "stale").exists() and (copy / "analysis" / "mutual_information.csv").stat().st_mtime == 1e9
+    assert not (results / "runs").exists()  # the job never wrote to the tree's results
+    with tarfile.open(tmp_path / "out" / "results-1.tar") as tar:
+        names = sorted(tar.getnames())
+    assert names[0].startswith("results/bench/logs/lease-") and names[1:] == ["results/runs/r/metrics.csv"]
