@@ -20,8 +20,11 @@ from infopro.splits import key_layer_points
 # and a pass that overruns the lease loses its points. The first pass timed there replaces it.
 GUESS_SECONDS_PER_WORK = 0.23
 REMAINDER_POINTS = 16  # a ResNet-32's layer points
-# Measured minutes are planned with a quarter more, and a minute to start the process and load the data.
-REMAINDER_MARGIN, REMAINDER_START_MINUTES = 1.25, 1.0
+# Measured minutes are planned with a quarter more, and half a minute to start the process and load the data
+# and the network: on the H200 a stage took under 10 s beyond its pass (the minutes in
+# lease-2026-12-04-0720.log against each row's `pass_seconds`); a fresh machine's first process also
+# decodes the JPEG archive.
+REMAINDER_MARGIN, REMAINDER_START_MINUTES = 1.25, 0.5
 
 
 def point_work(layer: int) -> int:
@@ -79,7 +82,7 @@ def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, po
     """What a remainder pass over the layer `points` needs on `gpu`, at the budget that the ceiling against
     the run `reference` chose: their `point_work` at the slowest rate timed there in the pass's step mode
     (`remainder_step`: the networks' passes first, then the step measurement's, then, for eager steps, the
-    ceiling's; else GUESS_SECONDS_PER_WORK), with REMAINDER_MARGIN and a minute to start.
+    ceiling's; else GUESS_SECONDS_PER_WORK), with REMAINDER_MARGIN and REMAINDER_START_MINUTES.
 
     Why measured: a stage is started only with the minutes it needs left, and a pass that overruns the
     lease loses its points; the guess alone would start some too late and keep others out."""

@@ -73,13 +73,13 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
     pd.DataFrame([another]).to_csv(ceilings, index=False)
     assert minutes(h100, every) == REMAINDER_START_MINUTES
     pd.DataFrame([another, ceiling]).to_csv(ceilings, index=False)
-    guessed = REMAINDER_MARGIN * GUESS_SECONDS_PER_WORK * 30 * 136 / 60 + 1  # nothing timed on that GPU
+    guessed = REMAINDER_MARGIN * GUESS_SECONDS_PER_WORK * 30 * 136 / 60 + REMAINDER_START_MINUTES  # nothing timed on that GPU
     assert minutes(None, every) == minutes("nvidia-a100", every)
     assert minutes("nvidia-a100", every) == pytest.approx(guessed)
     # The ceiling: 2 s an epoch for point 0's 17 units; sixteen points are 136 units, eight ceilings.
     assert sum(map(point_work, every)) == 8 * point_work(0)
-    assert minutes(h100, every) == pytest.approx(REMAINDER_MARGIN * 8 * 2.0 * 30 / 60 + 1)
-    assert minutes(h100, [16]) == pytest.approx(REMAINDER_MARGIN * 2.0 / 17 * 30 / 60 + 1)
+    assert minutes(h100, every) == pytest.approx(REMAINDER_MARGIN * 8 * 2.0 * 30 / 60 + REMAINDER_START_MINUTES)
+    assert minutes(h100, [16]) == pytest.approx(REMAINDER_MARGIN * 2.0 / 17 * 30 / 60 + REMAINDER_START_MINUTES)
     greedy = [dict(run_id="greedy", layer=layer, estimator="remainder", rem_epochs=10, pass_points=3,
                    pass_seconds=90.0, analysis_device="NVIDIA H100 80GB HBM3") for layer in (1, 2, 3)]
     others = [dict(run_id="e2e", layer=1, estimator="remainder", rem_epochs=30, pass_points=1, pass_seconds=9000.0,
@@ -87,17 +87,17 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
               dict(run_id="e2e", layer=1, estimator="1c2f", analysis_device="NVIDIA H100 80GB HBM3")]
     pd.DataFrame(greedy + others).to_csv(mi, index=False)
     rate = 90.0 / 10 / (16 + 15 + 14)  # the H100 pass over points 1 to 3, per epoch and unit of work
-    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * rate * 25 * 30 / 60 + 1)
+    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * rate * 25 * 30 / 60 + REMAINDER_START_MINUTES)
     # Once graphed steps measured faster there, passes run graphed: planned at the measurement's rate (its
     # pass over sixteen points: 136 units) until a graphed network pass is timed; eager passes no longer count.
     bench.mkdir()
     pd.DataFrame([dict(step="eager", points=16, epoch_seconds=40.8, agrees_with_eager=True),
                   dict(step="graphed", points=16, epoch_seconds=13.6, agrees_with_eager=True)]).to_csv(
         bench / f"remainder-steps-{h100}.csv", index=False)
-    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * 0.1 * 25 * 30 / 60 + 1)
+    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * 0.1 * 25 * 30 / 60 + REMAINDER_START_MINUTES)
     graphed = [row | dict(run_id="greedy-graphed", pass_seconds=36.0, pass_step="graphed") for row in greedy]
     pd.DataFrame(greedy + others + graphed).to_csv(mi, index=False)
-    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * 0.4 * rate * 25 * 30 / 60 + 1)
+    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * 0.4 * rate * 25 * 30 / 60 + REMAINDER_START_MINUTES)
 
 
 def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_agreeing(tmp_path):
@@ -125,7 +125,7 @@ def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_
 def test_a_remainder_stage_estimates_the_points_that_fit_and_continues_where_it_stopped(tmp_path):
     """Each call trains the longest start of the missing points that fits the minutes left (at least
     one); the rows written are not asked for again."""
-    from experiments.remainder_plan import points_that_fit
+    from experiments.remainder_plan import REMAINDER_START_MINUTES, points_that_fit
     from experiments.stages import REMAINDER_REFERENCE
 
     work = {layer: 17 - layer for layer in range(1, 17)}
@@ -143,14 +143,14 @@ def test_a_remainder_stage_estimates_the_points_that_fit_and_continues_where_it_
                        rem_precision="bf16", rem_seed=0, ixy_paper=0.88, network_accuracy=0.89)]).to_csv(
         analysis / "remainder_ceiling.csv", index=False)
     stage = {s.name: s for s in stages(tmp_path, ".data", "nvidia-h200")}["remainder:e2e-K1"]
-    # 0.2 s an epoch and unit: point 1 (16 units) needs 1.25 * 16 * 0.2 * 30 / 60 + 1 = 3 min.
-    assert stage.minutes_needed() == pytest.approx(3.0)
-    layers = stage.command(6.0)
+    # 0.2 s an epoch and unit: point 1 (16 units) needs 1.25 * 16 * 0.2 * 30 / 60 = 2 min and the start.
+    assert stage.minutes_needed() == pytest.approx(2.0 + REMAINDER_START_MINUTES)
+    layers = stage.command(3.875 + REMAINDER_START_MINUTES)  # points 1 and 2: 31 units, 3.875 min
     assert layers[layers.index("--layers") + 1] == "1,2"
     pd.DataFrame([dict(run_id=run_id, layer=layer, estimator="remainder") for layer in (1, 2)]).to_csv(
         analysis / "mutual_information.csv", index=False)
     assert not stage.done() and stage.progress() == ["2 of 16 layer points estimated"]
-    assert stage.minutes_needed() == pytest.approx(1.25 * 14 * 0.2 * 30 / 60 + 1)
+    assert stage.minutes_needed() == pytest.approx(1.25 * 14 * 0.2 * 30 / 60 + REMAINDER_START_MINUTES)
     layers = stage.command(100.0)
     assert layers[layers.index("--layers") + 1] == ",".join(map(str, range(3, 17)))
 
