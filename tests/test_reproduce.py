@@ -73,7 +73,8 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
     pd.DataFrame([another]).to_csv(ceilings, index=False)
     assert minutes(h100, every) == REMAINDER_START_MINUTES
     pd.DataFrame([another, ceiling]).to_csv(ceilings, index=False)
-    guessed = REMAINDER_MARGIN * GUESS_SECONDS_PER_WORK * 30 * 136 / 60 + REMAINDER_START_MINUTES  # nothing timed on that GPU
+    # Nothing timed on that GPU: the guess.
+    guessed = REMAINDER_MARGIN * GUESS_SECONDS_PER_WORK * 30 * 136 / 60 + REMAINDER_START_MINUTES
     assert minutes(None, every) == minutes("nvidia-a100", every)
     assert minutes("nvidia-a100", every) == pytest.approx(guessed)
     # The ceiling: 2 s an epoch for point 0's 17 units; sixteen points are 136 units, eight ceilings.
@@ -97,7 +98,8 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
     assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * 0.1 * 25 * 30 / 60 + REMAINDER_START_MINUTES)
     graphed = [row | dict(run_id="greedy-graphed", pass_seconds=36.0, pass_step="graphed") for row in greedy]
     pd.DataFrame(greedy + others + graphed).to_csv(mi, index=False)
-    assert minutes(h100, [4, 5]) == pytest.approx(REMAINDER_MARGIN * 0.4 * rate * 25 * 30 / 60 + REMAINDER_START_MINUTES)
+    assert minutes(h100, [4, 5]) == pytest.approx(
+        REMAINDER_MARGIN * 0.4 * rate * 25 * 30 / 60 + REMAINDER_START_MINUTES)
 
 
 def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_agreeing(tmp_path):
@@ -145,7 +147,7 @@ def test_a_remainder_stage_estimates_the_points_that_fit_and_continues_where_it_
     stage = {s.name: s for s in stages(tmp_path, ".data", "nvidia-h200")}["remainder:e2e-K1"]
     # 0.2 s an epoch and unit: point 1 (16 units) needs 1.25 * 16 * 0.2 * 30 / 60 = 2 min and the start.
     assert stage.minutes_needed() == pytest.approx(2.0 + REMAINDER_START_MINUTES)
-    layers = stage.command(3.875 + REMAINDER_START_MINUTES)  # points 1 and 2: 31 units, 3.875 min
+    layers = stage.command(5.0 + REMAINDER_START_MINUTES)  # points 1 and 2 need 3.875 min, 1 to 3 need 5.625
     assert layers[layers.index("--layers") + 1] == "1,2"
     pd.DataFrame([dict(run_id=run_id, layer=layer, estimator="remainder") for layer in (1, 2)]).to_csv(
         analysis / "mutual_information.csv", index=False)
