@@ -316,7 +316,7 @@ def fig_information_plane(mi: pd.DataFrame) -> Figure:
         ax.set_visible(False)
     shared_legend(figure, axes, [STEM, MODULE_END])
     first = mi.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K'])}; each path is the mean over "
+    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K', 'layer'])}; each path is the mean over "
            f"seeds at each layer point, from the stem to the last layer (arrowhead).{partial_curves_text(mi)}",
            estimator_text(first, estimator))
     return figure

@@ -80,15 +80,20 @@ def legend_layout(entries: list, columns: int) -> list[list]:
 
 
 def seeds_text(df: pd.DataFrame, group: list[str], per: str = "point") -> str:
+    """'n = 2 seeds per point', or 'n = 1-2 ...' where they differ: the seeds behind each `group` of rows,
+    which is what the figure calls a `per`."""
     counts = df.groupby(group)["seed"].nunique()
     low, high = counts.min(), counts.max()
     return f"n = {low} seed{'s' if high > 1 else ''} per {per}" if low == high else f"n = {low}-{high} seeds per {per}"
 
 
 def curve_seeds_text(df: pd.DataFrame, per: str = "point") -> str:
-    """The seeds behind the curves of (method, K), and what their shading means where there is some."""
-    several = df.groupby(["method", "K"])["seed"].nunique().max() > 1
-    return seeds_text(df, ["method", "K"], per) + ("; shading: lowest to highest seed" if several else "")
+    """The seeds behind each point (method, K, layer) or each line (method, K) of a figure's curves, and
+    what their shading means where there is some. Per point, because a curve's layer points may have been
+    estimated on different seeds."""
+    group = ["method", "K"] + (["layer"] if per == "point" else [])
+    several = df.groupby(group)["seed"].nunique().max() > 1
+    return seeds_text(df, group, per) + ("; shading: lowest to highest seed" if several else "")
 
 
 def local_ks(df: pd.DataFrame) -> list[int]:

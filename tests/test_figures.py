@@ -547,6 +547,18 @@ def test_fig8_draws_the_seed_mean_and_shades_the_seed_range_only_where_there_are
         plt.close(figure)
 
 
+def test_fig8_counts_the_seeds_at_each_layer_point_not_per_curve():
+    """Every curve with a second seed at its first eight layer points only: no point has more seeds than its
+    own, so the footer reads 1-2, not the curves' 2."""
+    probes = pd.read_csv(RESULTS / "analysis" / "linear_probe.csv")
+    one_seed = probes[(probes["seed"] == 0) & (probes["epochs"] == 12)]
+    early = one_seed[one_seed["layer"] <= 8].assign(seed=1)
+    figure = fig8_linear_probes(pd.concat([one_seed, early]), load_reference(RESULTS, "analysis_figure"))
+    footer = figure.texts[-1].get_text().replace("\n", " ")
+    assert "n = 1-2 seeds per point; shading: lowest to highest seed" in footer
+    plt.close(figure)
+
+
 def test_the_information_plane_puts_every_method_of_a_k_beside_e2e_on_shared_axes():
     """Each panel's paths are the seed means per layer of its K's methods and of E2E, ending in an
     arrowhead at the last layer; E2E alone is one panel."""
@@ -565,7 +577,7 @@ def test_the_information_plane_puts_every_method_of_a_k_beside_e2e_on_shared_axe
         assert list(paths["Greedy SL"].get_ydata()) == pytest.approx(list(means["ixy_normalised"]))
         heads = [text.xy for text in ax.texts]
         assert len(heads) == 5 and heads[1] == pytest.approx(tuple(means.iloc[-1]))
-    seeds = fixture.groupby(["method", "K"])["seed"].nunique()
+    seeds = fixture.groupby(["method", "K", "layer"])["seed"].nunique()
     counts = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     assert f"n = {counts} seeds per point" in figure.texts[-1].get_text().replace("\n", " ")
     plt.close(figure)
