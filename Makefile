@@ -54,8 +54,8 @@ FIXTURE_TABLES = table2 claims
 FIXTURE_BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) --recipe fixture
 
 # One process each.
-figures:  ## every figure, from results/, and the CPU fixture's fig8 and fig10 (figures/*-fixture.png)
-	$(BUILD) $(FIGURES)
+figures:  ## every figure, from results/ (fig10 and fig_info_plane in each estimator), and the CPU fixture's fig8 and fig10
+	$(BUILD) $(FIGURES) --alternatives
 	$(FIXTURE_BUILD) $(FIXTURE_FIGURES)
 
 tables:  ## every table, from results/, and the CPU fixture's Table 2 and claims (tables/*-fixture.md)

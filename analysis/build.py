@@ -5,6 +5,7 @@
     python -m analysis.build fig8 --recipe fixture        # the 12-epoch CPU toy: results/figures/fig8-fixture.png
     python -m analysis.build claims --recipe fixture      # the paper's claims judged on it: tables/claims-fixture.md
     python -m analysis.build fig8 table2 --arch resnet110  # results/figures/fig8-resnet110.png, ...
+    python -m analysis.build fig10 --alternatives          # fig10.png, and fig10-<estimator>.png of the other one
 
 fig7: test error vs K (Table 2's runs); fig8: linear separability per layer (linear_probe.csv);
 fig10: I(h,x) and I(h,y) per layer (mutual_information.csv); fig_info_plane: the same rows as paths
@@ -19,8 +20,9 @@ Each takes a few seconds on a CPU.
 """
 
 from infopro.cli import ArgumentParser, run
-from infopro.figures import ESTIMATORS, TARGETS, build
+from infopro.figures import ESTIMATOR_TARGETS, ESTIMATORS, TARGETS, RowPicker, build, load_mutual_info
 from infopro.models import ARCHS
+from infopro.selection import other_estimators
 
 
 def main(argv=None):
@@ -34,14 +36,23 @@ def main(argv=None):
     p.add_argument("--arch", choices=ARCHS,
                    help="fig7, fig8, fig10, fig_info_plane, fig_curves, table2: show this network's runs instead of those of the "
                         "network covering the most configurations, as <target>-<ARCH>")
-    p.add_argument("--estimator", choices=ESTIMATORS,
-                   help="fig10, fig_info_plane: draw this estimator of I(h,x), I(h,y) (default: remainder once it "
-                        "covers E2E and greedy SL at layer 1, their module ends and the last, else 1c2f), "
-                        "as <target>-<ESTIMATOR>")
+    estimators = p.add_mutually_exclusive_group()
+    estimators.add_argument("--estimator", choices=ESTIMATORS,
+                            help="fig10, fig_info_plane: draw this estimator of I(h,x), I(h,y) (default: remainder "
+                                 "once it covers E2E and greedy SL at layer 1, their module ends and the last, else "
+                                 "1c2f), as <target>-<ESTIMATOR>")
+    estimators.add_argument("--alternatives", action="store_true",
+                            help="fig10, fig_info_plane: also draw each other estimator with rows there, as "
+                                 "<target>-<ESTIMATOR>")
     args = p.parse_args(argv)
     for target in args.targets:
-        for path in build(target, args.results, args.recipe, args.arch, args.estimator):
-            print(f"wrote {path}")
+        estimators = [args.estimator]
+        if args.alternatives and target in ESTIMATOR_TARGETS:
+            shown = RowPicker(args.recipe, args.arch, one_estimator=False)(load_mutual_info(args.results))
+            estimators += other_estimators(shown)
+        for estimator in estimators:
+            for path in build(target, args.results, args.recipe, args.arch, estimator):
+                print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,14 @@ def default_estimator(mi: pd.DataFrame) -> str:
     return "remainder" if set(PAPER_FIGURE_NETWORKS) <= covered_networks(shown, "remainder") else "1c2f"
 
 
+def other_estimators(mi: pd.DataFrame) -> list[str]:
+    """The estimators with rows in what a figure of `mi` shows (`figure_rows`) other than its default: each
+    is drawn beside it as <target>-<estimator> (`make figures`), so that every committed figure rebuilds
+    whichever estimator is the default."""
+    shown, _ = figure_rows(mi)
+    return sorted(set(shown["estimator"]) - {default_estimator(mi)})
+
+
 def measured_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows of a benchmark CSV whose method was measured: a failed method's row holds its `error`."""
     return rows[rows["error"].isna()] if "error" in rows else rows

@@ -384,3 +384,29 @@ def test_asking_for_an_estimator_without_rows_names_the_command_that_makes_them(
     refused = run_main("analysis.build", "fig10", "--estimator", "remainder", "--results", str(tmp_path))
     assert refused.returncode == 2 and "python -m analysis.remainder ceiling" in refused.stderr
     assert len(refused.stderr.splitlines()) == 1
+
+
+def test_make_figures_draws_the_other_estimator_beside_the_default(tmp_path):
+    """With the paper recipe's remainder rows short of its key points, fig10 is 1c2f's and the remainder's is
+    drawn beside it; without any remainder row there is no other to draw."""
+    import shutil
+
+    import pandas as pd
+    from conftest import REPO, run_main
+
+    for folder in ("analysis", "reference"):
+        shutil.copytree(REPO / "results" / folder, tmp_path / folder)
+    csv = tmp_path / "analysis" / "mutual_information.csv"
+    mi = pd.read_csv(csv)
+    small_head = mi["estimator"] == "1c2f"
+    e2e_stem = (mi["run_id"] == "cifar10-jpeg-resnet32-e2e-K1-s0") & (mi["layer"] == 1) & ~small_head
+    mi[small_head | e2e_stem].to_csv(csv, index=False)
+    drawn = run_main("analysis.build", "fig10", "--alternatives", "--results", str(tmp_path))
+    assert drawn.returncode == 0, drawn.stderr
+    assert sorted(path.name for path in (tmp_path / "figures").glob("*.png")) == ["fig10-remainder.png", "fig10.png"]
+    mi[small_head].to_csv(csv, index=False)
+    shutil.rmtree(tmp_path / "figures")
+    assert run_main("analysis.build", "fig10", "--alternatives", "--results", str(tmp_path)).returncode == 0
+    assert [path.name for path in (tmp_path / "figures").glob("*.png")] == ["fig10.png"]
+    refused = run_main("analysis.build", "fig10", "--alternatives", "--estimator", "1c2f", "--results", str(tmp_path))
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
