@@ -54,7 +54,7 @@ FIXTURE_TABLES = table2 claims
 FIXTURE_BUILD = @$(PYTHON) -m analysis.build --results $(RESULTS) --recipe fixture
 
 # One process each.
-figures:  ## every figure, from results/ (fig10 and fig_info_plane in each estimator), and the CPU fixture's fig8 and fig10
+figures:  ## every figure from results/ (fig10, fig_info_plane: each estimator), the CPU fixture's fig8, fig10
 	$(BUILD) $(FIGURES) --alternatives
 	$(FIXTURE_BUILD) $(FIXTURE_FIGURES)
 
