@@ -12,7 +12,8 @@ ends, and only what a command leaves under $OUT comes back. Run in the foregroun
 packed checkpoints. `start` starts it instead in a process session of its own, which outlives the
 call, with a time budget that ends it, at an epoch boundary, before the lease does. The job reads and
 writes a copy of the results folder under .lease/, which git ignores, since each call copies the
-tree afresh over the tracked files the job has written to. Each `wait` prints the job's new log
+tree afresh over the tracked files the job has written to; a second `start` on the same machine
+continues from the first job's copy. Each `wait` prints the job's new log
 lines while it runs, and at its end packs every results file the lease has written so far
 (`experiments.travel.pack`: checkpoints included, never a half-written file) into $OUT, to unpack
 as results/. The next call must come within the machine's idle time, or the job is lost with it.
@@ -44,11 +45,13 @@ JOB_RESULTS = STATE / "results"   # the job's copy of the results folder (`copy_
 RETURNED_PARTS = 8                # a command brings back at most 8 files of 16 MiB
 PROGRESS_SECONDS = 60
 STARTUP_SECONDS = 10  # `start` waits this long for a job that fails at once
+MACHINE_HOLD_SECONDS = 30 * 60  # a lent machine goes back after this long, its .lease/ with it
 
 
-def start_job(command: list[str], state: Path, log: Path) -> dict:
+def start_job(command: list[str], state: Path, log: Path, since: float | None = None) -> dict:
     """Start `command` in the repository root in a session of its own (it survives the call that starts it),
-    its output to `log`, its exit status to `state`/exit when it ends; refuse while another job runs."""
+    its output to `log`, its exit status to `state`/exit when it ends; refuse while another job runs.
+    `since`: the start of the earlier job it continues, so that packing takes that job's files too."""
     refuse_while_running(state)
     state.mkdir(parents=True, exist_ok=True)
     for previous in ("exit", "shown"):
@@ -59,7 +62,8 @@ def start_job(command: list[str], state: Path, log: Path) -> dict:
     with open(log, "a") as output:
         process = subprocess.Popen(["sh", "-c", shell], cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
-    job = {"pid": process.pid, "started": started, "log": str(log), "command": command}
+    job = {"pid": process.pid, "started": since or started, "log": str(log), "command": command,
+           "commit": git_state()["git_commit"]}
     write_json(state / "job.json", job)
     return job
 
@@ -81,6 +85,21 @@ def copy_for_job(results: Path, copy: Path) -> Path:
         shutil.rmtree(copy)
     shutil.copytree(results, copy, symlinks=True)
     return copy
+
+
+def earlier_job(state: Path, copy: Path) -> dict | None:
+    """The ended job of this lease whose copy of the results a new job continues from: one on this machine,
+    from the same commit, started within the time a lent machine is held. None: start from a fresh copy.
+
+    Why: a new call copies the tree's results, as they were before the lease, over the tracked files the
+    earlier job added rows to, so a job started from that copy would repeat the earlier job's estimates
+    and lose its rows from the last call's parts. The age bound keeps a copy from a past lease on one's own
+    machine, whose results have come home and moved on since, from standing in for the tree's."""
+    if not copy.is_dir() or not (state / "job.json").is_file():
+        return None
+    job = read_state(state)
+    same_lease = time.time() - job["started"] < MACHINE_HOLD_SECONDS
+    return job if same_lease and job.get("commit") == git_state()["git_commit"] else None
 
 
 def read_state(state: Path) -> dict:
@@ -192,11 +211,13 @@ def after_lease(args) -> None:
 def start_lease(args) -> None:
     """`start`: the lease's job, detached, on a copy of the results folder; fails at once if the job does."""
     refuse_while_running(STATE)  # before its copy is replaced
-    results = copy_for_job(Path(args.results).resolve(), JOB_RESULTS)
+    earlier = earlier_job(STATE, JOB_RESULTS)
+    results = JOB_RESULTS if earlier else copy_for_job(Path(args.results).resolve(), JOB_RESULTS)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d-%H%M")
     job = start_job(reproduce_command(args.minutes, args.data_root, results), STATE,
-                    results / "bench" / "logs" / f"lease-{stamp}.log")
-    print(f"started the lease's job (pid {job['pid']}, {args.minutes:g} min); its log: {job['log']}")
+                    results / "bench" / "logs" / f"lease-{stamp}.log", since=earlier and earlier["started"])
+    continues = " from the earlier job's results" if earlier else ""
+    print(f"started the lease's job{continues} (pid {job['pid']}, {args.minutes:g} min); its log: {job['log']}")
     status = follow(STATE, STARTUP_SECONDS, poll=1)  # a job refused at once (no GPU, uncommitted code)
     if status:
         raise InfoProError(f"the lease's job ended at once with exit status {status} (its log is above)")

@@ -13,9 +13,9 @@ from experiments.lease import follow, job_running, pack_lease, start_job
 from infopro.errors import InfoProError
 
 
-def writer_job(results, seconds: float, code: int = 0) -> list[str]:
+def writer_job(results, seconds: float, code: int = 0, run: str = "r") -> list[str]:
     """A stand-in for `experiments.reproduce`: writes a run's metrics, then works `seconds` more."""
-    run = results / "runs" / "r"
+    run = results / "runs" / run
     script = (f"import pathlib, time; run = pathlib.Path({str(run)!r}); run.mkdir(parents=True); "
               f"(run / 'metrics.csv').write_text('epoch\\n1\\n'); print('epoch 1', flush=True); "
               f"time.sleep({seconds}); print('done', flush=True); raise SystemExit({code})")
@@ -75,3 +75,29 @@ def test_the_job_writes_to_a_copy_of_the_results_that_packs_home_as_results(tmp_
     with tarfile.open(tmp_path / "out" / "results-1.tar") as tar:
         names = sorted(tar.getnames())
     assert names[0].startswith("results/bench/logs/lease-") and names[1:] == ["results/runs/r/metrics.csv"]
+
+
+def test_a_second_job_of_the_lease_continues_from_the_first_jobs_copy(tmp_path, monkeypatch):
+    """A second `start` on the same machine: the new call has copied the tree's results, as before the lease,
+    over the tracked files; the job continues from the first job's copy, and its parts hold both jobs' files.
+    A copy from another commit or older than a lent machine's hold is replaced."""
+    import json
+
+    from experiments import lease
+
+    results, state = tmp_path / "results", tmp_path / ".lease"
+    results.mkdir()
+    monkeypatch.setattr(lease, "STATE", state)
+    monkeypatch.setattr(lease, "JOB_RESULTS", state / "results")
+    for run in ("r", "s"):
+        monkeypatch.setattr(lease, "reproduce_command", lambda minutes, data_root, copy: writer_job(copy, 0, run=run))
+        lease.main(["start", "--minutes", "1", "--results", str(results)])
+        lease.main(["wait", "--seconds", "30", "--pack-to", str(tmp_path / run)])
+    with tarfile.open(tmp_path / "s" / "results-1.tar") as tar:
+        names = sorted(tar.getnames())
+    assert [name for name in names if "/runs/" in name] == ["results/runs/r/metrics.csv", "results/runs/s/metrics.csv"]
+    assert sum(name.startswith("results/bench/logs/lease-") for name in names) in (1, 2)  # one a minute
+    for stale in ({"commit": "0" * 40}, {"started": time.time() - lease.MACHINE_HOLD_SECONDS - 1}):
+        job = json.loads((state / "job.json").read_text())
+        (state / "job.json").write_text(json.dumps({**job, **stale}))
+        assert lease.earlier_job(state, state / "results") is None
