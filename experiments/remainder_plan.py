@@ -9,6 +9,8 @@ the minutes its next points need, and gives it only the points that fit.
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from infopro.analysis import chosen_epochs
 from infopro.errors import InfoProError
 from infopro.records import name_slug, read_table
@@ -35,10 +37,18 @@ def point_work(layer: int) -> int:
     return REMAINDER_POINTS + 1 - layer
 
 
-def seconds_per_work(table: Path, gpu: str, step: str = "eager") -> float | None:
-    """The most seconds per epoch and unit of `point_work` that a remainder pass with `step` steps took on
-    `gpu` (a device slug), from the rows in `table` (a pass: the rows of one run sharing its
-    `pass_seconds`; rows from before `pass_step` was recorded ran eagerly); None: no pass timed there."""
+def pass_pace(table: Path, gpu: str, step: str = "eager") -> tuple[float, float] | None:
+    """(fixed, per_unit): a remainder pass with `step` steps on `gpu` (a device slug) is planned at fixed +
+    per_unit × its points' `point_work` seconds an epoch, from the passes timed there in `table` (a pass:
+    the rows of one run sharing its `pass_seconds`; rows from before `pass_step` was recorded ran eagerly).
+    fixed: the least-squares intercept over those passes (0 with fewer than two sizes of pass, or where
+    the fit falls below 0); per_unit: the most any pass took beyond it, so that none lies above the line.
+    None: no pass timed there.
+
+    Why an intercept: each epoch of a pass costs something whatever its points (the data's pass, the
+    evaluation), which a rate per unit alone charges to every unit of a long pass. On the H200 a 21-unit
+    pass took 0.071 s an epoch per unit and a 115-unit one 0.046, so the slowest rate alone planned a
+    network's sixteen points at 1.5 times what they take, and kept them out of calls they fit."""
     if not table.is_file():
         return None
     rows = read_table(table, "restore it from git", ("run_id", "layer"))
@@ -48,8 +58,12 @@ def seconds_per_work(table: Path, gpu: str, step: str = "eager") -> float | None
     mine = rows[rows["pass_seconds"].notna() & (rows["analysis_device"].map(name_slug) == gpu)
                 & (rows["estimator"] == "remainder") & (steps == step)]
     passes = mine.groupby(["run_id", "pass_seconds", "rem_epochs"])["layer"]
-    rates = [seconds / epochs / sum(map(point_work, layers)) for (_, seconds, epochs), layers in passes]
-    return max(rates) if rates else None
+    timed = [(sum(map(point_work, layers)), seconds / epochs) for (_, seconds, epochs), layers in passes]
+    if not timed:
+        return None
+    works, seconds = zip(*timed)
+    fixed = max(float(np.polyfit(works, seconds, 1)[1]), 0.0) if len(set(works)) > 1 else 0.0
+    return fixed, max((epoch - fixed) / work for work, epoch in timed)
 
 
 def steps_table(bench: Path, gpu: str | None):
@@ -66,23 +80,24 @@ def remainder_step(bench: Path, gpu: str | None) -> str:
     return (fastest_step(table) if table is not None else None) or "eager"
 
 
-def measured_seconds_per_work(bench: Path, gpu: str, step: str) -> float | None:
-    """Seconds per epoch and unit of `point_work` of the step measurement's pass in `step` mode (every
-    layer point of one network), or None."""
+def measured_pace(bench: Path, gpu: str, step: str) -> tuple[float, float] | None:
+    """The step measurement's pass in `step` mode (every layer point of one network) as a `pass_pace`: no
+    fixed part (one size of pass), its seconds an epoch per unit of `point_work`; or None."""
     table = steps_table(bench, gpu)
     rows = None if table is None else table[(table["step"] == step) & table["epoch_seconds"].notna()]
     if rows is None or rows.empty:
         return None
     row = rows.iloc[-1]
-    return float(row["epoch_seconds"]) / sum(map(point_work, range(1, int(row["points"]) + 1)))
+    return 0.0, float(row["epoch_seconds"]) / sum(map(point_work, range(1, int(row["points"]) + 1)))
 
 
 def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, points: list[int],
                       reference: str) -> float:
     """What a remainder pass over the layer `points` needs on `gpu`, at the budget that the ceiling against
-    the run `reference` chose: their `point_work` at the slowest rate timed there in the pass's step mode
-    (`remainder_step`: the networks' passes first, then the step measurement's, then, for eager steps, the
-    ceiling's; else GUESS_SECONDS_PER_WORK), with REMAINDER_MARGIN and REMAINDER_START_MINUTES.
+    the run `reference` chose: their `point_work` at the pace timed there in the pass's step mode
+    (`remainder_step`: the networks' passes' `pass_pace` first, then the step measurement's rate, then,
+    for eager steps, the ceiling's; else GUESS_SECONDS_PER_WORK), with REMAINDER_MARGIN and
+    REMAINDER_START_MINUTES.
 
     Why measured: a stage is started only with the minutes it needs left, and a pass that overruns the
     lease loses its points; the guess alone would start some too late and keep others out."""
@@ -91,9 +106,10 @@ def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, po
     except InfoProError:  # no ceiling yet, or every candidate fell short: the stage's command says so at once
         return REMAINDER_START_MINUTES
     step = remainder_step(bench, gpu)
-    rate = (gpu and (seconds_per_work(mi, gpu, step) or measured_seconds_per_work(bench, gpu, step)
-                     or seconds_per_work(ceilings, gpu, step))) or GUESS_SECONDS_PER_WORK
-    return REMAINDER_MARGIN * rate * epochs * sum(map(point_work, points)) / 60 + REMAINDER_START_MINUTES
+    fixed, per_unit = (gpu and (pass_pace(mi, gpu, step) or measured_pace(bench, gpu, step)
+                                or pass_pace(ceilings, gpu, step))) or (0.0, GUESS_SECONDS_PER_WORK)
+    seconds = epochs * (fixed + per_unit * sum(map(point_work, points)))
+    return REMAINDER_MARGIN * seconds / 60 + REMAINDER_START_MINUTES
 
 
 def missing_points(mi: Path, run_id: str, points: list[int]) -> list[int]:

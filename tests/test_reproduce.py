@@ -102,8 +102,37 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
         REMAINDER_MARGIN * 0.4 * rate * 25 * 30 / 60 + REMAINDER_START_MINUTES)
 
 
+
+def test_a_remainder_pass_is_planned_at_a_fixed_cost_an_epoch_plus_its_work(tmp_path):
+    """Passes of several sizes on one GPU: each epoch costs a fixed part (the fitted intercept) plus a rate per
+    unit of point work, that rate the most any pass took beyond the fixed part; so no timed pass lies above
+    its plan, and a long pass is planned for less than at the short passes' rate per unit."""
+    from experiments.remainder_plan import pass_pace, point_work
+
+    mi, h200 = tmp_path / "mutual_information.csv", "nvidia-h200"
+
+    def rows(run_id, layers, seconds):
+        return [dict(run_id=run_id, layer=layer, estimator="remainder", rem_epochs=30, pass_seconds=seconds,
+                     pass_step="graphed", analysis_device="NVIDIA H200") for layer in layers]
+
+    passes = {"e2e": (range(11, 17), 45.0), "greedy": ((1, 4, 8, 12, 16), 73.5), "e2e-early": (range(1, 11), 159.0)}
+    pd.DataFrame([row for run_id, (layers, s) in passes.items() for row in rows(run_id, layers, s)]).to_csv(
+        mi, index=False)
+    fixed, per_unit = pass_pace(mi, h200, "graphed")
+    works = {run_id: sum(map(point_work, layers)) for run_id, (layers, _) in passes.items()}
+    assert 0 < fixed < 45.0 / 30
+    for run_id, (_, seconds) in passes.items():
+        assert fixed + per_unit * works[run_id] >= seconds / 30 - 1e-9
+    assert any(fixed + per_unit * works[run_id] == pytest.approx(s / 30) for run_id, (_, s) in passes.items())
+    shortest_rate = 45.0 / 30 / works["e2e"]
+    assert fixed + per_unit * 136 < 0.8 * shortest_rate * 136  # sixteen points: far under the short pass's rate
+    assert pass_pace(mi, h200, "eager") is None and pass_pace(mi, "nvidia-h100", "graphed") is None
+    pd.DataFrame(rows("e2e", range(11, 17), 45.0)).to_csv(mi, index=False)  # one size of pass: no intercept
+    assert pass_pace(mi, h200, "graphed") == pytest.approx((0.0, shortest_rate))
+
+
 def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_agreeing(tmp_path):
-    from experiments.remainder_plan import measured_seconds_per_work
+    from experiments.remainder_plan import measured_pace
     from experiments.stages import REMAINDER_REFERENCE
 
     (tmp_path / "runs" / REMAINDER_REFERENCE).mkdir(parents=True)
@@ -120,8 +149,8 @@ def test_the_remainder_passes_run_graphed_once_their_gpu_measured_it_faster_and_
     assert not {stage.name: stage for stage in stages(tmp_path, ".data", "nvidia-h100")}["remainder-steps"].done()
     failed = measured.assign(epoch_seconds=[40.0, float("nan")], error=[None, "RuntimeError: capture refused"])
     failed.to_csv(tmp_path / "bench" / "remainder-steps-nvidia-h200.csv", index=False)
-    assert measured_seconds_per_work(tmp_path / "bench", "nvidia-h200", "graphed") is None  # a failed mode has no rate
-    assert measured_seconds_per_work(tmp_path / "bench", "nvidia-h200", "eager") == pytest.approx(40.0 / 136)
+    assert measured_pace(tmp_path / "bench", "nvidia-h200", "graphed") is None  # a failed mode has no pace
+    assert measured_pace(tmp_path / "bench", "nvidia-h200", "eager") == pytest.approx((0.0, 40.0 / 136))
 
 
 def test_a_remainder_stage_estimates_the_points_that_fit_and_continues_where_it_stopped(tmp_path):
