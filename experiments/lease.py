@@ -8,18 +8,17 @@
 
 A lent machine takes one command at a time (at most 10 minutes), is given back 30 s after a command
 ends, and only what a command leaves under $OUT comes back. Run in the foreground, the lease's work
-(`experiments.reproduce`) would have to be cut into calls, each restarting its trainings from
-packed checkpoints. `start` starts it instead in a process session of its own, which outlives the
-call, with a time budget that ends it, at an epoch boundary, before the lease does. The job reads and
-writes a copy of the results folder under .lease/, which git ignores, since each call copies the
-tree afresh over the tracked files the job has written to; a second `start` on the same machine
-continues from the first job's copy. Each `wait` prints the job's new log
-lines while it runs, and at its end packs every results file the lease has written so far
-(`experiments.travel.pack`: checkpoints included, never a half-written file) into $OUT, to unpack
-as results/. The next call must come within the machine's idle time, or the job is lost with it.
-`aside` and `home` run here, around the lease (experiments.travel): the weights the lease reads
-last stay here while it runs, so that the tree and the data fit what a call carries. A lent machine
-may receive a stale `.git` with the tree, so prefix `start` with `INFOPRO_GIT_COMMIT=<sha>
+(`experiments.reproduce`) would have to be cut into calls, each restarting its trainings from packed
+checkpoints. `start` starts it instead in a process session of its own, which outlives the call, with a
+time budget that ends it, at an epoch boundary, before the lease does. The job reads and writes a copy
+of the results folder under .lease/, which git ignores, since each call copies the tree afresh over the
+tracked files the job has written to; a second `start` on the same machine continues from the first
+job's copy. Each `wait` prints the job's new log lines while it runs, and at its end packs every results
+file the lease has written so far (`experiments.travel.pack`: checkpoints included, never a half-written
+file) into $OUT, to unpack as results/. The next call must come within the machine's idle time, or the
+job is lost with it. `aside` and `home` run here, around the lease (experiments.travel): the weights the
+lease reads last stay here while it runs, so that the tree and the data fit what a call carries. A lent
+machine may receive a stale `.git` with the tree, so prefix `start` with `INFOPRO_GIT_COMMIT=<sha>
 INFOPRO_GIT_DIRTY=0` (`git rev-parse HEAD` here): the results then name the code that was sent.
 """
 

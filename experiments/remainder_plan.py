@@ -48,7 +48,7 @@ def pass_pace(table: Path, gpu: str, step: str = "eager") -> tuple[float, float]
     Why an intercept: each epoch of a pass costs something whatever its points (the data's pass, the
     evaluation), which a rate per unit alone charges to every unit of a long pass. On the H200 a 21-unit
     pass took 0.071 s an epoch per unit and a 115-unit one 0.046, so the slowest rate alone planned a
-    network's sixteen points at 1.5 times what they take, and kept them out of calls they fit."""
+    network's sixteen points at 1.5 times the fitted pace, and kept them out of calls they fit."""
     if not table.is_file():
         return None
     rows = read_table(table, "restore it from git", ("run_id", "layer"))

@@ -102,7 +102,6 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
         REMAINDER_MARGIN * 0.4 * rate * 25 * 30 / 60 + REMAINDER_START_MINUTES)
 
 
-
 def test_a_remainder_pass_is_planned_at_a_fixed_cost_an_epoch_plus_its_work(tmp_path):
     """Passes of several sizes on one GPU: each epoch costs a fixed part (the fitted intercept) plus a rate per
     unit of point work, that rate the most any pass took beyond the fixed part; so no timed pass lies above
