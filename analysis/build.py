@@ -46,11 +46,11 @@ def main(argv=None):
                                  "<target>-<ESTIMATOR>")
     args = p.parse_args(argv)
     for target in args.targets:
-        estimators = [args.estimator]
+        drawn = [args.estimator]
         if args.alternatives and target in ESTIMATOR_TARGETS:
             shown = RowPicker(args.recipe, args.arch, one_estimator=False)(load_mutual_info(args.results))
-            estimators += other_estimators(shown)
-        for estimator in estimators:
+            drawn += other_estimators(shown)
+        for estimator in drawn:
             for path in build(target, args.results, args.recipe, args.arch, estimator):
                 print(f"wrote {path}")
 
