@@ -31,7 +31,7 @@ from infopro.bench_methods import default_methods
 from infopro.cli import call
 from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, method_key
 from infopro.errors import InfoProError
-from infopro.grid import get_grid, grid_status, run_state, status_summary
+from infopro.grid import START_SECONDS, RunStatus, get_grid, grid_status, run_state, status_summary
 from infopro.records import REPO_ROOT, UNKNOWN, read_table
 from infopro.remainder_steps import steps_csv
 from infopro.step import auto_step_mode, epoch_csv, read_epoch_table
@@ -366,10 +366,20 @@ def grid_stage(where: Where, name: str, grid_name: str, seeds: tuple[int, ...] |
                                         "--jobs", str(best_jobs(bench, gpu)), "--step", training_step_mode(bench, gpu),
                                         "--time-budget", f"{left:.1f}", "--out", str(runs)]
                  + (["--seeds", *map(str, seeds)] if seeds else []) + (["--only", *only] if only else []),
-                 minutes=2,
+                 minutes=lambda: grid_minutes(grid_status(configs, runs, bench)),
                  progress=lambda: status_summary(grid_status(configs, runs, bench)),
                  reads=lambda: [path for path in (runs / config.run_id() / "checkpoint.pt" for config in configs)
                                 if path.is_file() and not (path.parent / "summary.json").is_file()])
+
+
+GRID_MINUTES = 2  # a run's start and a minute of its training: the least a grid stage is worth starting for
+
+
+def grid_minutes(statuses: list[RunStatus]) -> float:
+    """The minutes a grid stage needs: `GRID_MINUTES`, or less where an unfinished run's time left at its
+    recent pace is shorter than a minute: that run finishes in the grid's start margin plus its time left."""
+    known = [status.minutes_left for status in statuses if status.minutes_left is not None]
+    return min([GRID_MINUTES] + [START_SECONDS / 60 + minutes for minutes in known])
 
 
 def table3_compiled_stage(where: Where) -> Stage:

@@ -289,13 +289,18 @@ class GridOutcome:
     unstarted: list[str]
 
 
+# A run is started only with more than this much of the budget left: its start (decoding the data,
+# building the model) takes seconds, and a run that cannot train an epoch would only add a log.
+START_SECONDS = 60
+
+
 def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budget: float | None = None,
              device: str = "auto", data_root=None, step: str = "auto", log=print) -> GridOutcome:
     """Run every unfinished config, `jobs` at a time, their steps in `step` mode (`experiments.train --step`).
 
     Each run's output goes to `root/logs/<run id>.log`. A run that fails is reported with
     the last line of its log and does not stop the others. A run is started only with more
-    than a minute of the budget left; how many that leaves unstarted is logged.
+    than `START_SECONDS` of the budget left; how many that leaves unstarted is logged.
     """
     deadline = None if time_budget is None else time.monotonic() + time_budget
     pending = [c for c in configs if run_state(c, root) != "done"]
@@ -306,7 +311,7 @@ def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budg
     try:
         while pending or running:
             left = None if deadline is None else deadline - time.monotonic()
-            while pending and len(running) < jobs and (left is None or left > 60):
+            while pending and len(running) < jobs and (left is None or left > START_SECONDS):
                 config = pending.pop(0)
                 minutes = None if left is None else left / 60
                 logfile = open(root / "logs" / f"{config.run_id()}.log", "a")
@@ -314,7 +319,7 @@ def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budg
                 running[subprocess.Popen(command, cwd=REPO_ROOT, stdout=logfile, stderr=subprocess.STDOUT)] = config
                 logfile.close()
                 log(f"started {config.run_id()}")
-            if left is not None and left <= 60 and not running:
+            if left is not None and left <= START_SECONDS and not running:
                 break
             time.sleep(1)
             for process in [p for p in running if p.poll() is not None]:

@@ -229,6 +229,21 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     assert dgl[dgl.index("experiments.grid") + 1] == "table2-dgl-resnet32" and dgl[dgl.index("--jobs") + 1] == "2"
 
 
+def test_a_grid_stage_whose_run_is_nearly_done_starts_with_less_than_its_usual_two_minutes(tmp_path):
+    """A lease's job with 2.0 min left skipped DGL K = 8's last 9 epochs (about 20 s) for want of 2 min."""
+    from experiments.stages import GRID_MINUTES
+    from infopro.grid import START_SECONDS
+
+    plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
+    assert plan["dgl-seed0"].minutes_needed() == GRID_MINUTES  # nothing timed
+    run = tmp_path / "runs" / "cifar10-jpeg-resnet32-dgl-K8-s0"
+    run.mkdir(parents=True)
+    pd.DataFrame({"epoch": range(1, 152), "epoch_seconds": 2.4}).to_csv(run / "metrics.csv", index=False)
+    assert plan["dgl-seed0"].minutes_needed() == pytest.approx(START_SECONDS / 60 + 9 * 2.4 / 60)
+    pd.DataFrame({"epoch": range(1, 101), "epoch_seconds": 2.4}).to_csv(run / "metrics.csv", index=False)
+    assert plan["dgl-seed0"].minutes_needed() == GRID_MINUTES  # 60 epochs left: the usual floor
+
+
 def test_the_grids_train_in_the_fastest_step_mode_the_gpus_epoch_benchmark_measured(tmp_path):
     bench = tmp_path / "bench"
     bench.mkdir()
