@@ -147,6 +147,16 @@ def test_infopro_must_stay_near_e2e_and_above_greedy_at_its_first_module_end():
     assert infopro_keeps_label_information(with_remainder(lost))["verdict"] == "partly (K = 2, 4, 16)"
 
 
+def test_infopro_is_shown_as_its_networks_come_and_judged_at_a_k_once_both_task_terms_are_read():
+    curves = {("e2e", 1): [0.90] * 16, **{("greedy", K): [0.80] * 16 for K in PAPER_KS},
+              ("infopro-contrast", 2): [0.89] * 16}
+    row = infopro_keeps_label_information(with_remainder(curves))
+    assert row["ours"] == "K = 2 (layer 8): (Contrast) 0.890 vs E2E 0.900, greedy SL 0.800"
+    assert row["verdict"].startswith("pending: ") and "; at K =" not in row["verdict"]
+    row = infopro_keeps_label_information(with_remainder(curves | {("infopro-softmax", 2): [0.85] * 16}))
+    assert row["verdict"].endswith("; at K = 2: does not hold") and "(Softmax) 0.850" in row["ours"]
+
+
 def test_the_label_information_rules_hold_on_the_papers_own_values():
     """A rule the paper's read-off curves fail would test something the paper does not claim."""
     from conftest import REPO
