@@ -18,9 +18,9 @@ many trainings at once fill the GPU, counted while all train); dgl-seed0, table2
 table2 and dgl (Table 2 and fig7 on cifar10-jpeg: 160-epoch runs, 9 to 40 min each with four
 sharing an H100, resumed across calls; `make status` adds up what is left and its GPU time);
 bf16-twins (E2E and InfoPro (Contrast) K = 4 in bf16, beside their fp32 seeds, before bf16 trains
-any grid); table3-compiled (Table 3's InfoPro* and E2E steps with compiled modules). Each call ends with the share of it spent
-in training epochs and the size of inductor's compile cache. fig8 and the 1c2f estimates follow on
-a CPU from `make probes mutual-info figures tables`.
+any grid); table3-compiled (Table 3's InfoPro* and E2E steps with compiled modules). Each call ends
+with the share of it spent in training epochs and remainder passes and the size of inductor's compile
+cache. fig8 and the 1c2f estimates follow on a CPU from `make probes mutual-info figures tables`.
 """
 
 import getpass
@@ -28,6 +28,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+import pandas as pd
 
 from experiments.stages import check_code_is_named, run_stages, stages
 from experiments.travel import pack, results_since
@@ -65,6 +67,8 @@ def main(argv=None):
     if args.pack_to:  # a lease's results that cannot be packed are lost with the machine
         check_writable(args.pack_to)
     began, results = time.time(), Path(args.results).resolve()
+    estimates = results / "analysis" / "mutual_information.csv"
+    passes_before = remainder_passes(estimates)
 
     def pack_what_this_call_made():
         """Each stage's results come home even if a later stage is killed with the call."""
@@ -75,22 +79,41 @@ def main(argv=None):
     for stage in plan:
         for line in stage.progress():
             print(f"[{stage.name}] {line}")
-    print(training_share_line(results / "runs", began, time.time()))
+    print(training_share_line(results / "runs", began, time.time(), seconds_of_new_passes(estimates, passes_before)))
     print(inductor_cache_line())
     if failed:
         raise InfoProError(f"stages that failed: {', '.join(failed)} (their output is above)")
 
 
-def training_share_line(runs: Path, began: float, ended: float) -> str:
+def training_share_line(runs: Path, began: float, ended: float, estimating: float = 0.0) -> str:
     """How much of a call's time some training epoch was running (`metrics.csv`'s `ended_at` and
-    `epoch_seconds`, evaluation excluded; runs side by side count once): the share of a lease that
-    trains, which everything else in it (start-up, compiling, measurements, packing) eats into."""
+    `epoch_seconds`, evaluation excluded; runs side by side count once), and how much the remainder
+    passes took (`estimating` seconds: they train too, in stages of their own): the share of a lease
+    that trains, which everything else in it (start-up, compiling, measurements, packing) eats into."""
     intervals = [(max(start, began), end) for path in runs.glob("*/metrics.csv")
                  for start, end in epoch_intervals(path.parent)]
     trained = sum(shared_seconds(intervals))  # the shares of a GPU's time add up to the time covered
     spent = max(ended - began, 1e-9)
-    return (f"training epochs ran for {trained / 60:.1f} of this call's {spent / 60:.1f} min "
-            f"({100 * trained / spent:.0f}%)")
+    return (f"training epochs ran for {trained / 60:.1f} and remainder passes for {estimating / 60:.1f} of this "
+            f"call's {spent / 60:.1f} min ({100 * (trained + estimating) / spent:.0f}%)")
+
+
+def remainder_passes(table: Path) -> dict[tuple, float]:
+    """{(run id, pass seconds to the µs): seconds} of each remainder pass with rows in `table` (a pass's rows,
+    one per layer point, share its run and `pass_seconds`). Rounded, because pandas' CSV parser may read a
+    float a unit in the last place off, and each pass rewrites the whole file."""
+    if not table.is_file():
+        return {}
+    rows = pd.read_csv(table)
+    if "pass_seconds" not in rows:
+        return {}
+    timed = rows.loc[rows["pass_seconds"].notna(), ["run_id", "pass_seconds"]]
+    return {(run_id, round(seconds, 6)): seconds for run_id, seconds in timed.itertuples(index=False)}
+
+
+def seconds_of_new_passes(table: Path, before: dict[tuple, float]) -> float:
+    """The seconds of the remainder passes in `table` that `before` (`remainder_passes`) did not hold."""
+    return sum(seconds for key, seconds in remainder_passes(table).items() if key not in before)
 
 
 def inductor_cache_line() -> str:

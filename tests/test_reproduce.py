@@ -362,7 +362,7 @@ def test_a_call_packs_what_it_made_then_says_what_is_left(tmp_path, monkeypatch,
     reproduce.main(call)
     lines = capsys.readouterr().out.splitlines()
     assert lines[-4:-2] == [f"packed 1 part into {parts}", "[table2] 1 done"]
-    assert lines[-2].startswith("training epochs ran for 0.0 of this call's 0.0 min")
+    assert lines[-2].startswith("training epochs ran for 0.0 and remainder passes for 0.0 of this call's 0.0 min")
     assert lines[-1] == f"inductor's cache: 1.0 MiB in 1 files ({cache})"
 
     def unreadable():
@@ -395,7 +395,27 @@ def test_the_training_share_counts_epochs_of_this_call_once_however_many_ran_sid
     # a: 1000-1010 (of which 1000 on: the epoch of "old" ended before the call), 1015-1025; b: 1005-1015,
     # 1015-1020; resumed: 1040-1060. Union from 1000: 1000-1025 and 1040-1060, 45 of 100 s.
     assert reproduce.training_share_line(tmp_path, began, began + 100) == \
-        "training epochs ran for 0.8 of this call's 1.7 min (45%)"
+        "training epochs ran for 0.8 and remainder passes for 0.0 of this call's 1.7 min (45%)"
+    assert reproduce.training_share_line(tmp_path, began, began + 100, estimating=30) == \
+        "training epochs ran for 0.8 and remainder passes for 0.5 of this call's 1.7 min (75%)"
+
+
+def test_the_remainder_passes_of_a_call_are_told_apart_from_earlier_ones_by_run_and_seconds(tmp_path):
+    """A pass's rows share its seconds; an earlier pass whose seconds come back a unit in the last place
+    off (each pass rewrites the file) is not counted again."""
+    import math
+    from experiments.reproduce import remainder_passes, seconds_of_new_passes
+
+    table = tmp_path / "mutual_information.csv"
+    assert remainder_passes(table) == {}
+    earlier = pd.DataFrame({"run_id": ["a", "a", "b"], "layer": [1, 2, 1], "pass_seconds": [59.276504, 59.276504, None]})
+    earlier.to_csv(table, index=False)
+    before = remainder_passes(table)
+    assert list(before.values()) == [59.276504]
+    rewritten = earlier.assign(pass_seconds=[math.nextafter(59.276504, 60)] * 2 + [None])
+    pd.concat([rewritten, pd.DataFrame({"run_id": ["c"] * 3, "layer": [1, 8, 16], "pass_seconds": 53.25})]).to_csv(
+        table, index=False)
+    assert seconds_of_new_passes(table, before) == 53.25
 
 
 def test_each_stage_is_packed_before_the_next_starts(tmp_path, monkeypatch):
