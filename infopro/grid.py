@@ -289,18 +289,16 @@ class GridOutcome:
     unstarted: list[str]
 
 
-# A run is started only with more than this much of the budget left: its start (decoding the data,
-# building the model) takes seconds, and a run that cannot train an epoch would only add a log.
-START_SECONDS = 60
+START_SECONDS = 60  # a run starts only with more left: decoding the data and building the model take seconds
 
 
 def run_grid(configs: list[TrainConfig], root: Path, *, jobs: int = 1, time_budget: float | None = None,
              device: str = "auto", data_root=None, step: str = "auto", log=print) -> GridOutcome:
     """Run every unfinished config, `jobs` at a time, their steps in `step` mode (`experiments.train --step`).
 
-    Each run's output goes to `root/logs/<run id>.log`. A run that fails is reported with
-    the last line of its log and does not stop the others. A run is started only with more
-    than `START_SECONDS` of the budget left; how many that leaves unstarted is logged.
+    Each run's output goes to `root/logs/<run id>.log`. A run that fails is reported with the last line of
+    its log and does not stop the others. A run starts only with more than `START_SECONDS` of the budget
+    left; how many that leaves unstarted is logged.
     """
     deadline = None if time_budget is None else time.monotonic() + time_budget
     pending = [c for c in configs if run_state(c, root) != "done"]
@@ -341,9 +339,8 @@ def last_line(root: Path, config: TrainConfig) -> str:
     return lines[-1] if lines else "no output"
 
 
-# Epochs of each measuring run: the first (compilation, autotuning) is left out, and the copies' starts,
-# data decoding included, spread over seconds; on an H200 (a ResNet-32 epoch alone: 0.9 s) four epochs
-# of two copies ended before both were past their first.
+# Epochs of each measuring run: the first (compilation, autotuning) is left out, and the copies' starts, data
+# decoding included, spread over seconds; on an H200 four epochs of two copies ended before both were past their first.
 MEASURED_EPOCHS = 12
 
 
