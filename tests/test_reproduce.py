@@ -408,7 +408,8 @@ def test_the_remainder_passes_of_a_call_are_told_apart_from_earlier_ones_by_run_
 
     table = tmp_path / "mutual_information.csv"
     assert remainder_passes(table) == {}
-    earlier = pd.DataFrame({"run_id": ["a", "a", "b"], "layer": [1, 2, 1], "pass_seconds": [59.276504, 59.276504, None]})
+    earlier = pd.DataFrame({"run_id": ["a", "a", "b"], "layer": [1, 2, 1],
+                            "pass_seconds": [59.276504, 59.276504, None]})
     earlier.to_csv(table, index=False)
     before = remainder_passes(table)
     assert list(before.values()) == [59.276504]
