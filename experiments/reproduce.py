@@ -29,15 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
-
 from experiments.stages import check_code_is_named, run_stages, stages
 from experiments.travel import pack, results_since
 from infopro.cli import ArgumentParser, positive, run
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
 from infopro.paces import epoch_intervals, shared_seconds
-from infopro.records import check_writable, device_slug, git_state
+from infopro.records import check_writable, device_slug, git_state, read_table
 
 
 def main(argv=None):
@@ -104,7 +102,7 @@ def remainder_passes(table: Path) -> dict[tuple, float]:
     float a unit in the last place off, and each pass rewrites the whole file."""
     if not table.is_file():
         return {}
-    rows = pd.read_csv(table)
+    rows = read_table(table, "restore it from git", ("run_id",))
     if "pass_seconds" not in rows:
         return {}
     timed = rows.loc[rows["pass_seconds"].notna(), ["run_id", "pass_seconds"]]
