@@ -23,6 +23,13 @@ fifths at K = 8.
 `steps` times an epoch of a pass over every layer point of that network with eager steps and
 with CUDA-graphed ones, side by side on a GPU, and writes results/bench/remainder-steps-<gpu>.csv;
 `--step graphed` then runs `ceiling` and `layers` graphed (the same numbers: docs/analysis.md).
+
+    python -m analysis.remainder budget --reference cifar10-jpeg-resnet32-e2e-K1-s0 --layers 1,8,16
+
+`budget` asks whether the figure's budget sets its values: the ceiling and the given layer points of
+that run again with a longer budget (--epochs, default twice the figure's), the ceiling's row going
+to remainder_ceiling.csv beside the others and the points' rows to
+results/analysis/remainder_budget.csv, which `make table_remainder_budget` sets beside the figure's.
 """
 
 from dataclasses import replace
@@ -60,17 +67,24 @@ def parse_args(argv=None):
     layers.add_argument("--epochs", type=at_least(1), help="budget (default: the shortest whose ceiling passed)")
     layers.add_argument("--force", action="store_true", help="redo runs already in the CSV")
     layers.add_argument("--out", default="results/analysis/mutual_information.csv")
+    budget = commands.add_parser("budget", help="the ceiling and some layer points again with a longer budget")
+    budget.add_argument("--reference", required=True, metavar="TEXT", help="the run (id contains TEXT) estimated")
+    budget.add_argument("--layers", type=layer_list, required=True, metavar="L1,L2",
+                        help="layer points L1,L2,... or 'key': layer 1, the run's module ends and its last")
+    budget.add_argument("--epochs", type=at_least(1), help="the longer budget (default: twice the figure's)")
+    budget.add_argument("--force", action="store_true", help="redo layer points already in the CSV")
+    budget.add_argument("--out", default="results/analysis/remainder_budget.csv")
     steps = commands.add_parser("steps", help="seconds per epoch of a pass, eager against CUDA-graphed steps")
     steps.add_argument("--reference", required=True, metavar="TEXT", help="the run (id contains TEXT) timed")
     steps.add_argument("--out", default="results/bench", help="folder of remainder-steps-<gpu>.csv")
-    for command in (ceiling, layers, steps):
+    for command in (ceiling, layers, budget, steps):
         command.add_argument("--runs", default="results/runs", help="folder searched for finished runs")
         command.add_argument("--batch-size", type=at_least(2), default=defaults.batch_size)
         command.add_argument("--lr", type=positive, default=defaults.lr, help="peak SGD learning rate")
         command.add_argument("--precision", choices=PRECISIONS, default=defaults.precision)
         command.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
         command.add_argument("--data-root", help="folder or archive of the runs' dataset")
-    for command in (ceiling, layers):
+    for command in (ceiling, layers, budget):
         command.add_argument("--ceilings", default=CEILINGS, help="the ceiling CSV, written or read")
         command.add_argument("--step", choices=STEPS, default="eager", help="how a pass's steps run (graphed: CUDA "
                              "graphs, the same numbers; `steps` measures which is faster)")
@@ -84,11 +98,31 @@ def reference_run(runs, text: str) -> Run:
     return reference[0]
 
 
+def figure_epochs(run: Run, args, settings: RemainderSettings) -> int:
+    """The figure's budget for `run`: the shortest whose ceiling came within 2 points of a network of
+    `run`'s architecture and recipe (other settings as `settings`)."""
+    return chosen_epochs(args.ceilings, settings, {key: run.row()[key] for key in ("arch", "recipe")})
+
+
 def budget_of(run: Run, args, settings: RemainderSettings) -> RemainderSettings:
-    """`settings` with --epochs, else with the shortest budget whose ceiling came within 2 points of a
-    network of `run`'s architecture and recipe."""
-    network = {key: run.row()[key] for key in ("arch", "recipe")}
-    return replace(settings, epochs=args.epochs or chosen_epochs(args.ceilings, settings, network))
+    """`settings` with --epochs, else with the figure's budget."""
+    return replace(settings, epochs=args.epochs or figure_epochs(run, args, settings))
+
+
+def estimate_layers(runs: list[Run], args, budgets: dict, device) -> None:
+    """The remainder rows of each run's --layers at its budget (`budgets`: run id -> settings), into --out."""
+    analyse_runs(runs, args.out,
+                 lambda r, points: remainder_run(r, points, settings=budgets[r.run_id], device=device,
+                                                 data_root=args.data_root, step=args.step),
+                 lambda r: remainder_settings(r, budgets[r.run_id]), args.layers, force=args.force)
+
+
+def longer_budget(args, settings: RemainderSettings, device) -> None:
+    """`budget`: the ceiling against --reference and its --layers, both at the longer budget."""
+    reference = reference_run(args.runs, args.reference)
+    longer = replace(settings, epochs=args.epochs or 2 * figure_epochs(reference, args, settings))
+    measure_ceilings(reference, [longer.epochs], args.ceilings, longer, device, args.data_root, step=args.step)
+    estimate_layers([reference], args, {reference.run_id: longer}, device)
 
 
 def main(argv=None):
@@ -109,13 +143,13 @@ def main(argv=None):
                                "try longer ones")
         print(f"budget: {chosen} epochs")
         return
+    if args.command == "budget":
+        longer_budget(args, settings, device)
+        return
     runs = finished_runs(args.runs, args.only)
     # Every budget is settled (or refused) before any pass; runs without weights are skipped, so need none.
-    budgets = {run.run_id: budget_of(run, args, settings) for run in runs if run.has_weights}
-    analyse_runs(runs, args.out,
-                 lambda r, points: remainder_run(r, points, settings=budgets[r.run_id], device=device,
-                                                 data_root=args.data_root, step=args.step),
-                 lambda r: remainder_settings(r, budgets[r.run_id]), args.layers, force=args.force)
+    estimate_layers(runs, args, {run.run_id: budget_of(run, args, settings) for run in runs if run.has_weights},
+                    device)
 
 
 if __name__ == "__main__":

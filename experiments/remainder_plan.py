@@ -92,9 +92,9 @@ def measured_pace(bench: Path, gpu: str, step: str) -> tuple[float, float] | Non
 
 
 def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, points: list[int],
-                      reference: str) -> float:
-    """What a remainder pass over the layer `points` needs on `gpu`, at the budget that the ceiling against
-    the run `reference` chose: their `point_work` at the pace timed there in the pass's step mode
+                      reference: str, times: int = 1) -> float:
+    """What a remainder pass over the layer `points` needs on `gpu`, at `times` the budget that the ceiling
+    against the run `reference` chose: their `point_work` at the pace timed there in the pass's step mode
     (`remainder_step`: the networks' passes' `pass_pace` first, then the step measurement's rate, then,
     for eager steps, the ceiling's; else GUESS_SECONDS_PER_WORK), with REMAINDER_MARGIN and
     REMAINDER_START_MINUTES.
@@ -108,12 +108,13 @@ def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, po
     step = remainder_step(bench, gpu)
     fixed, per_unit = (gpu and (pass_pace(mi, gpu, step) or measured_pace(bench, gpu, step)
                                 or pass_pace(ceilings, gpu, step))) or (0.0, GUESS_SECONDS_PER_WORK)
-    seconds = epochs * (fixed + per_unit * sum(map(point_work, points)))
+    seconds = times * epochs * (fixed + per_unit * sum(map(point_work, points)))
     return REMAINDER_MARGIN * seconds / 60 + REMAINDER_START_MINUTES
 
 
 def missing_points(mi: Path, run_id: str, points: list[int]) -> list[int]:
-    """The layer `points` of `run_id` without a remainder row in mutual_information.csv, in order."""
+    """The layer `points` of `run_id` without a remainder row in `mi` (mutual_information.csv, or the budget
+    check's remainder_budget.csv), in order."""
     table = read_table(mi, "restore it from git", ("run_id", "layer", "estimator")) if mi.is_file() else None
     done = set() if table is None else set(table.loc[(table["run_id"] == run_id)
                                                      & (table["estimator"] == "remainder"), "layer"])

@@ -7,7 +7,8 @@ calling again continues where the last call stopped. The measurements come first
 epoch in each step mode, which decides the mode every grid trains in; the Table 3 benchmark and
 the input pipeline, module-parallel throughput, the max-batch search, the profiles, the
 re-timing), then the project's order of training and analysis: the remainder estimator's budget
-and its estimates of the seed-0 E2E and greedy SL networks (the paper's figure), how many
+and its estimates of the seed-0 E2E and greedy SL networks (the paper's figure; then E2E's points
+again with a longer budget, to see whether the budget shapes its curve), how many
 trainings at once fill the GPU (the grid's --jobs, measured just before the grids), DGL's seed-0
 row, the unfinished runs of Table 2, the other seed-0 networks' estimates (each network's key
 layer points first: layer 1, its module ends and its last; the points between module ends after
@@ -56,6 +57,10 @@ EPOCH_BENCH_MINUTES = 3
 REMAINDER_REFERENCE = f"{GRID_DATASET}-resnet32-e2e-K1-s0"
 REMAINDER_CANDIDATES = (30, 45, 60)
 REMAINDER_FIRST = ("e2e-K1", "greedy-K2", "greedy-K4", "greedy-K8", "greedy-K16")
+# The budget check: E2E's I(h,y) at the figure's budget rises 2.26 points from its lowest layer point (8) to
+# its last (16), and starts at layer 1 near the ceiling; with twice the budget, a rise that comes from the
+# budget alone shrinks (`infopro.remainder_budget`). It belongs to the paper's figure, so it runs beside it.
+BUDGET_LAYERS, BUDGET_TIMES = (1, 8, 16), 2
 REMAINDER_LATER = tuple(f"{method}-K{K}" for method in ("infopro-contrast", "infopro-softmax", "dgl")
                         for K in (2, 4, 8, 16))
 
@@ -188,6 +193,7 @@ class Where:
     runs: Path
     ceilings: Path  # the remainder estimator's budget
     mi: Path  # its rows, beside the 1c2f estimator's
+    budget: Path  # its budget check's rows
     root: tuple[str, ...]
     gpu: str | None
 
@@ -196,7 +202,8 @@ class Where:
         results = results.resolve()
         root = ("--data-root", str(Path(data_root).resolve())) if data_root else ()
         return cls(results / "bench", results / "runs", results / "analysis" / "remainder_ceiling.csv",
-                   results / "analysis" / "mutual_information.csv", root, gpu)
+                   results / "analysis" / "mutual_information.csv", results / "analysis" / "remainder_budget.csv",
+                   root, gpu)
 
     @property
     def data(self) -> list[str]:
@@ -215,6 +222,7 @@ def stages(results: Path, data_root: str | None, gpu: str | None = None) -> list
         ceiling_stage(where),
         *remainder_steps_stages(where),
         *key_point_stages(where, REMAINDER_FIRST),
+        *budget_stages(where),
         grid_jobs_stage(where),
         grid_stage(where, "dgl-seed0", DGL_GRID, seeds=(0,)),
         *([grid_stage(where, "table2-unfinished", GRID, only=unfinished)] if unfinished else []),
@@ -319,6 +327,25 @@ def remainder_stage(where: Where, name: str, what: str, run_id: str, points: lis
                      "--step", remainder_step(where.bench, where.gpu), *where.root],
                  minutes=lambda: pass_minutes(missing()[:1]), progress=lambda: points_progress(missing(), points),
                  reads=lambda: [where.runs / run_id / "model.pt"])
+
+
+def budget_stages(where: Where) -> list[Stage]:
+    """The remainder estimator's budget check on E2E's network, where its weights are here: the ceiling and
+    BUDGET_LAYERS again with BUDGET_TIMES the figure's budget."""
+    weights = where.runs / REMAINDER_REFERENCE / "model.pt"
+
+    def minutes() -> float:
+        return sum(remainder_minutes(where.mi, where.ceilings, where.bench, where.gpu, points, REMAINDER_REFERENCE,
+                                     BUDGET_TIMES) for points in ([0], list(BUDGET_LAYERS)))  # 0: the ceiling
+
+    return [Stage("remainder-budget", f"the ceiling and layers {', '.join(map(str, BUDGET_LAYERS))} of "
+                                      f"{REMAINDER_REFERENCE} again with {BUDGET_TIMES} times the figure's budget",
+                  lambda: not missing_points(where.budget, REMAINDER_REFERENCE, list(BUDGET_LAYERS)),
+                  lambda left: REMAINDER + ["budget", "--reference", REMAINDER_REFERENCE, "--layers",
+                                            ",".join(map(str, BUDGET_LAYERS)), "--runs", str(where.runs),
+                                            "--ceilings", str(where.ceilings), "--out", str(where.budget),
+                                            "--step", remainder_step(where.bench, where.gpu), *where.root],
+                  minutes=minutes, reads=lambda: [weights])] if weights.is_file() else []
 
 
 def with_weights(where: Where, networks: tuple[str, ...]):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from infopro import claims, layer_plots, plots, selection, tables
+from infopro import claims, layer_plots, plots, remainder_budget, selection, tables
 from infopro.errors import InfoProError
 from infopro.models import ARCHS
 from infopro.paired import read_predictions
@@ -38,8 +38,9 @@ HOW_TO_MAKE = {
                       "2.3 h for K=8 and about 3.3 h for K=16), beside `make fixture`'s runs of the same seeds",
     "test-predictions": "make it with `make test-predictions` (every run with committed weights scored image by "
                         "image on its whole test split: about 30 s per ResNet-32 on 10,000 images on 2 CPU cores)",
-    "remainder": "make it with `python -m analysis.remainder ceiling` and `layers` on a GPU (the remainder "
-                 "estimator: up to eight ResNet-32 trainings of its budget per network; see docs/analysis.md)",
+    "remainder": "make it with `python -m analysis.remainder ceiling` and `layers` (remainder_budget.csv: `budget`) on "
+                 "a GPU (the remainder estimator: up to eight ResNet-32 trainings of its budget per network; see "
+                 "docs/analysis.md)",
     "schedule-analysis": "make it with `make schedule-analysis` (linear probes, I(h,x) and I(h,y) of the schedule "
                          "check's runs that the Makefile's SCHEDULE_RUNS names and of their 12-epoch twins: about "
                          "150 min on 2 CPU cores)",
@@ -354,6 +355,9 @@ TABLES = {
     "table_paired": lambda r, pick: tables.paired(load_test_predictions(r)),
     "table_e2e_gap": lambda r, pick: tables.e2e_gap(load_test_predictions(r)),
     "table_ranking": lambda r, pick: tables.ranking(load_test_predictions(r)),
+    "table_remainder_budget": lambda r, pick: remainder_budget.budget_table(
+        load_mutual_info(r), read_result(Path(r) / "analysis" / "remainder_budget.csv", "remainder", MI_COLUMNS),
+        load_ceilings(r)),
     "claims": claims_table,
 }
 TARGETS = (*FIGURES, *TABLES)

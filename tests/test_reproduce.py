@@ -523,10 +523,10 @@ def test_cli_refuses_a_part_size_that_is_not_positive(tmp_path):
 
 
 def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_rows(tmp_path):
-    """The ceiling first; E2E and greedy SL of seed 0 before DGL's seed 0, the unfinished runs of
-    Table 2 before the other methods' estimates, the points between module ends after every
-    network's key points, and all before the rest of the grid's seeds; a network's stage is done
-    once each of its points has its remainder row, the ceiling once a candidate passed."""
+    """The ceiling first; E2E and greedy SL of seed 0, and E2E's budget check, before DGL's seed 0, the
+    unfinished runs of Table 2 before the other methods' estimates, the points between module ends
+    after every network's key points, and all before the rest of the grid's seeds; a network's stage
+    is done once each of its points has its remainder row, the ceiling once a candidate passed."""
     from experiments.stages import REMAINDER_REFERENCE
 
     runs = tmp_path / "runs"
@@ -539,9 +539,10 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     (partial / "checkpoint.pt").touch()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
     assert list(plan)[7:] == ["remainder-ceiling", "remainder-steps", "remainder:e2e-K1", "remainder:greedy-K4",
-                              "grid-jobs", "dgl-seed0", "table2-unfinished", "remainder:infopro-contrast-K2",
-                              "remainder-between:greedy-K4", "remainder-between:infopro-contrast-K2", "table2",
-                              "dgl", "bf16-twins", "table3-compiled"]  # E2E's key points are all its points
+                              "remainder-budget", "grid-jobs", "dgl-seed0", "table2-unfinished",
+                              "remainder:infopro-contrast-K2", "remainder-between:greedy-K4",
+                              "remainder-between:infopro-contrast-K2", "table2", "dgl", "bf16-twins",
+                              "table3-compiled"]  # E2E's key points are all its points
     unfinished = plan["table2-unfinished"].command(5.0)
     assert unfinished[unfinished.index("--only") + 1:] == ["cifar10-jpeg-resnet32-greedy-K2-s1"]
     layers = plan["remainder:greedy-K4"].command(100.0)
@@ -554,7 +555,11 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     assert plan["remainder:greedy-K4"].reads() == [runs / "cifar10-jpeg-resnet32-greedy-K4-s0" / "model.pt"]
     assert plan["table2-unfinished"].reads() == plan["table2"].reads() == [partial / "checkpoint.pt"]
     assert plan["dgl-seed0"].reads() == plan["remainder-ceiling"].reads() == []
-    assert plan["remainder-steps"].reads() == [runs / REMAINDER_REFERENCE / "model.pt"]
+    weights = [runs / REMAINDER_REFERENCE / "model.pt"]
+    assert plan["remainder-steps"].reads() == plan["remainder-budget"].reads() == weights
+    budget = plan["remainder-budget"].command(100.0)
+    assert budget[budget.index("--layers") + 1] == "1,8,16" and budget[budget.index("--out") + 1].endswith(
+        "remainder_budget.csv")
     analysis = tmp_path / "analysis"
     analysis.mkdir()
     rows = pd.DataFrame({"run_id": "cifar10-jpeg-resnet32-greedy-K4-s0", "layer": range(1, 17), "estimator": "1c2f"})
@@ -566,6 +571,11 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     assert plan["remainder-between:greedy-K4"].progress() == []  # none of its own points yet
     rows.assign(estimator="remainder").to_csv(analysis / "mutual_information.csv", index=False)
     assert plan["remainder-between:greedy-K4"].done() and not plan["remainder:e2e-K1"].done()
+    budget_rows = pd.DataFrame({"run_id": REMAINDER_REFERENCE, "layer": [1, 8], "estimator": "remainder"})
+    budget_rows.to_csv(analysis / "remainder_budget.csv", index=False)
+    assert not plan["remainder-budget"].done()  # its rows, not the figure's, count: layer 16 is missing
+    pd.concat([budget_rows, budget_rows.assign(layer=16)]).to_csv(analysis / "remainder_budget.csv", index=False)
+    assert plan["remainder-budget"].done()
     ceiling = pd.DataFrame({"run_id": [REMAINDER_REFERENCE], "rem_epochs": [30], "within_2_points": [False]})
     ceiling.to_csv(analysis / "remainder_ceiling.csv", index=False)
     assert not plan["remainder-ceiling"].done()

@@ -1,0 +1,96 @@
+"""Whether the remainder estimator's budget sets its values: layer points estimated again with a longer
+budget, beside the figure's estimates of them, and the ceiling (the architecture trained on x) at both.
+
+The estimate of I(h,y) is a lower bound that a short budget loosens most for the longest remainders,
+those of the early layer points, while the true I(h,y) cannot grow with depth. If E2E's curve rises
+where its remainders get short because of the budget alone, a longer budget lifts its early points and
+the ceiling towards its last point, a linear classifier on trained features, which stays where it was.
+`python -m analysis.remainder budget` makes the rows (results/analysis/remainder_budget.csv), and
+`make table_remainder_budget` sets them beside the figure's (`budget_table`).
+"""
+
+import pandas as pd
+
+from infopro.errors import InfoProError
+from infopro.records import equal_as_read
+from infopro.remainder import RemainderSettings
+from infopro.selection import with_method
+from infopro.style import METHODS
+
+# What two estimates must share to show the budget's effect alone: every setting but the epochs.
+SETTINGS_BUT_EPOCHS = tuple(key for key in RemainderSettings().as_columns() if key != "rem_epochs")
+CEILING = "x (the ceiling)"
+
+
+def same_settings_but_epochs(table: pd.DataFrame, like: pd.Series) -> pd.Series:
+    """Which rows of `table` share `like`'s run and remainder settings in all but the epochs."""
+    mask = table["run_id"] == like["run_id"]
+    for key in SETTINGS_BUT_EPOCHS:
+        mask &= equal_as_read(table[key], like[key])
+    return mask
+
+
+def network_label(row: pd.Series) -> str:
+    """E2E, seed 0, 160 epochs / Greedy SL K = 4, seed 0, 12 epochs: the run's method, seed and schedule
+    (the schedule tells the paper's recipe from the CPU fixture)."""
+    K = "" if int(row["K"]) == 1 else f" K = {int(row['K'])}"
+    return f"{METHODS[row['method']][0]}{K}, seed {int(row['seed'])}, {int(row['epochs'])} epochs"
+
+
+def value(rows: pd.DataFrame, column: str, epochs: int) -> float | None:
+    """`column` of the row estimated with `epochs` (None: not estimated, or not by this estimate)."""
+    cells = rows.loc[rows["rem_epochs"] == epochs, column] if column in rows else pd.Series(dtype=float)
+    cells = cells.dropna()
+    return None if cells.empty else float(cells.iloc[-1])
+
+
+def shown(number: float | None) -> str:
+    return "–" if number is None else f"{number:.4f}"
+
+
+def change(before: float | None, after: float | None) -> str:
+    return "–" if before is None or after is None else f"{100 * (after - before):+.2f}"
+
+
+def span(points: pd.DataFrame, epochs: int) -> str:
+    """max − min of I(h,y) over the layer points estimated with `epochs`, in points."""
+    values = points.loc[points["rem_epochs"] == epochs, "ixy_paper"]
+    return f"{100 * (values.max() - values.min()):.2f}"
+
+
+def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame | None) -> tuple[pd.DataFrame, str]:
+    """Per network of `longer` (remainder_budget.csv) and layer point: I(h,y) and I(h,x) in the paper's units
+    at the figure's budget (the epochs of `mi`'s remainder rows of that network with the same other settings)
+    and at each longer budget, with the change in points; the ceiling's I(h,y) first. Returns (table, caption)."""
+    longer = with_method(longer)
+    rows, spans = [], []
+    for _, like in longer.drop_duplicates(["run_id", *SETTINGS_BUT_EPOCHS]).iterrows():
+        mine = longer[same_settings_but_epochs(longer, like)]
+        figure = mi[(mi["estimator"] == "remainder") & same_settings_but_epochs(mi, like)
+                    & mi["layer"].isin(mine["layer"])]
+        if figure.empty:
+            raise InfoProError(f"{like['run_id']}: the figure has no remainder rows of these layer points with the "
+                               f"same settings but the epochs, to set the longer budget's beside")
+        base = int(figure["rem_epochs"].min())
+        ceiling = (ceilings[same_settings_but_epochs(ceilings, like)] if ceilings is not None
+                   else pd.DataFrame(columns=["rem_epochs", "ixy_paper"]))
+        points = pd.concat([figure, mine])
+        for epochs in sorted(set(mine["rem_epochs"]) - {base}):
+            label = network_label(like)
+            for point, at in [(CEILING, ceiling)] + [(layer, points[points["layer"] == layer])
+                                                        for layer in sorted(mine["layer"].unique())]:
+                hy = (value(at, "ixy_paper", base), value(at, "ixy_paper", epochs))
+                hx = (value(at, "ixx_paper", base), value(at, "ixx_paper", epochs))
+                rows.append({"network": label, "layer point": point, "epochs": f"{base} → {int(epochs)}",
+                             "I(h,y), figure's": shown(hy[0]), "I(h,y), longer": shown(hy[1]),
+                             "I(h,y) change (points)": change(*hy), "I(h,x), figure's": shown(hx[0]),
+                             "I(h,x), longer": shown(hx[1]), "I(h,x) change (points)": change(*hx)})
+            accuracy = value(ceiling, "network_accuracy", base)
+            spans.append(f"{label}{'' if accuracy is None else f' (its own test accuracy {accuracy:.4f})'}: "
+                         f"{span(points, base)} points with {base} epochs, {span(points, epochs)} with {int(epochs)}")
+    caption = ("The remainder estimator's budget: I(h,y) (test accuracy of the remainder) and I(h,x) (1 − decoder "
+               "BCE) in the paper's units at some layer points of a network, with the budget of its fig10 rows "
+               "(figure's) and a longer one, every other setting equal; the ceiling is the network's architecture "
+               "trained on the image itself (no I(h,x)). I(h,y)'s span (max − min) over the layer points: "
+               + "; ".join(spans) + ".")
+    return pd.DataFrame(rows), caption

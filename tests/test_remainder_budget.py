@@ -1,0 +1,89 @@
+"""The remainder estimator's budget check: some layer points and the ceiling again with a longer budget,
+set beside the figure's estimates of the same points (`python -m analysis.remainder budget`,
+`make table_remainder_budget`)."""
+
+import pandas as pd
+import pytest
+
+from infopro.errors import InfoProError
+from infopro.remainder import RemainderSettings
+from infopro.remainder_budget import CEILING, budget_table
+
+E2E = dict(run_id="e2e-K1-s0", regime="e2e", task_loss="", K=1, seed=0, epochs=160, recipe="r", arch="resnet32")
+
+
+def rows(epochs: int, ixy: dict, estimator="remainder", **changed) -> list[dict]:
+    """Remainder rows of E2E at the layer points of `ixy` (layer -> I(h,y)), with `epochs` of budget."""
+    settings = RemainderSettings(epochs=epochs).as_columns() | changed
+    return [E2E | settings | dict(layer=layer, estimator=estimator, ixy_paper=value, ixx_paper=0.44 + epochs / 1e4)
+            for layer, value in ixy.items()]
+
+
+def ceiling(epochs: int, ixy: float) -> dict:
+    return E2E | RemainderSettings(epochs=epochs).as_columns() | dict(layer=0, ixy_paper=ixy, network_accuracy=0.8912)
+
+
+FIGURE = rows(30, {1: 0.879, 8: 0.868, 12: 0.8777, 16: 0.8905})
+
+
+def test_each_point_is_set_beside_the_figures_estimate_with_every_other_setting_equal():
+    """Layer 8 at 60 epochs is set beside the figure's 30-epoch estimate, not beside a row made with another batch
+    size (nor a 1c2f row); the ceiling comes first, and the caption gives I(h,y)'s span over the points at each."""
+    mi = pd.DataFrame(FIGURE + rows(30, {8: 0.5}, rem_batch_size=128) + rows(10, {8: 0.4}, estimator="1c2f"))
+    longer = pd.DataFrame(rows(60, {1: 0.887, 8: 0.885, 16: 0.8906}))
+    table, caption = budget_table(mi, longer, pd.DataFrame([ceiling(30, 0.8776), ceiling(60, 0.8861)]))
+    assert list(table["layer point"]) == [CEILING, 1, 8, 16] and set(table["epochs"]) == {"30 → 60"}
+    assert list(table["I(h,y), figure's"]) == ["0.8776", "0.8790", "0.8680", "0.8905"]
+    assert list(table["I(h,y) change (points)"]) == ["+0.85", "+0.80", "+1.70", "+0.01"]
+    assert list(table["I(h,x), figure's"]) == ["–", "0.4430", "0.4430", "0.4430"]
+    assert list(table["I(h,x) change (points)"]) == ["–", "+0.30", "+0.30", "+0.30"]
+    assert table["network"].eq("E2E, seed 0, 160 epochs").all()
+    assert "(its own test accuracy 0.8912): 2.25 points with 30 epochs, 0.56 with 60" in caption
+
+
+def test_points_the_figure_lacks_read_as_dashes_and_a_budget_without_figure_rows_is_refused():
+    longer = pd.DataFrame(rows(60, {1: 0.887, 2: 0.88}))
+    table, _ = budget_table(pd.DataFrame(FIGURE), longer, None)  # layer 2 not in the figure; no ceiling measured
+    assert list(table["layer point"]) == [CEILING, 1, 2]
+    assert list(table["I(h,y), figure's"]) == ["–", "0.8790", "–"] and list(table["I(h,y), longer"])[0] == "–"
+    with pytest.raises(InfoProError, match="no remainder rows of these layer points with the same settings"):
+        budget_table(pd.DataFrame(rows(30, {1: 0.879}, rem_lr=0.1)), longer, None)
+
+
+@pytest.mark.slow  # the command line on a trained network: about 20 s
+def test_the_command_estimates_the_ceiling_and_the_points_again_at_twice_the_figures_budget(tmp_path):
+    """Without --epochs, `budget` doubles the budget that the ceiling settled for the run's recipe; its ceiling row
+    joins the others, its points go to their own CSV, and the table builds from the three files."""
+    import shutil
+
+    from conftest import REPO, run_main
+
+    from infopro.config import TrainConfig
+    from infopro.figures import build
+    from infopro.runs import load_run
+    from infopro.train import train
+
+    results = tmp_path / "results"
+    shutil.copytree(REPO / "results" / "reference", results / "reference")
+    train(TrainConfig(regime="greedy", K=2, dataset="synthetic", epochs=1, train_subset=300, test_subset=100,
+                      batch_size=50), results / "runs" / "tiny", device="cpu", log=lambda line: None)
+    analysis = results / "analysis"
+    analysis.mkdir()
+    settings = RemainderSettings(epochs=1, batch_size=50, lr=0.1, precision="fp32")
+    pd.DataFrame([load_run(results / "runs" / "tiny").row() | settings.as_columns() | dict(
+        layer=0, ixy_paper=0.5, network_accuracy=0.5, within_2_points=True)]).to_csv(
+        analysis / "remainder_ceiling.csv", index=False)
+    common = ["--runs", str(results / "runs"), "--ceilings", str(analysis / "remainder_ceiling.csv"),
+              "--batch-size", "50", "--lr", "0.1", "--precision", "fp32", "--device", "cpu"]
+    made = run_main("analysis.remainder", "layers", "--layers", "1,16", *common,
+                    "--out", str(analysis / "mutual_information.csv"))
+    assert made.returncode == 0, made.stderr
+    made = run_main("analysis.remainder", "budget", "--reference", "greedy-K2", "--layers", "1,16", *common,
+                    "--out", str(analysis / "remainder_budget.csv"))
+    assert made.returncode == 0, made.stderr
+    assert list(pd.read_csv(analysis / "remainder_ceiling.csv")["rem_epochs"]) == [1, 2]
+    longer = pd.read_csv(analysis / "remainder_budget.csv")
+    assert list(longer["layer"]) == [1, 16] and longer["rem_epochs"].eq(2).all()
+    table = pd.read_csv(build("table_remainder_budget", results)[0])
+    assert list(table["layer point"]) == [CEILING, "1", "16"] and table["epochs"].eq("1 → 2").all()
+    assert table["I(h,y), figure's"].iloc[0] == 0.5 and table["I(h,y), longer"].ne("–").all()
