@@ -15,7 +15,8 @@ fig_memory and table3: the memory benchmark (bench/); table_schedule: the same r
 schedule lengths (schedule-check/ beside runs/); table_paired: InfoPro against greedy SL image by
 image on test images no run used (test_predictions.csv); table_e2e_gap: greedy SL and InfoPro
 against E2E the same way; table_ranking: each step of the paper's ranking (InfoPro (Contrast) <
-InfoPro (Softmax) < DGL < greedy SL) the same way.
+InfoPro (Softmax) < DGL < greedy SL) the same way; table_remainder_budget: the remainder estimator's
+points again with a longer budget beside the figure's (remainder_budget.csv).
 Each takes a few seconds on a CPU.
 """
 

@@ -355,9 +355,9 @@ TABLES = {
     "table_paired": lambda r, pick: tables.paired(load_test_predictions(r)),
     "table_e2e_gap": lambda r, pick: tables.e2e_gap(load_test_predictions(r)),
     "table_ranking": lambda r, pick: tables.ranking(load_test_predictions(r)),
-    "table_remainder_budget": lambda r, pick: remainder_budget.budget_table(
-        load_mutual_info(r), read_result(Path(r) / "analysis" / "remainder_budget.csv", "remainder", MI_COLUMNS),
-        load_ceilings(r)),
+    "table_remainder_budget": lambda r, pick: remainder_budget.budget_table(  # the check's own rows read first
+        longer=read_result(Path(r) / "analysis" / "remainder_budget.csv", "remainder", MI_COLUMNS),
+        mi=load_mutual_info(r), ceilings=load_ceilings(r)),
     "claims": claims_table,
 }
 TARGETS = (*FIGURES, *TABLES)
