@@ -143,12 +143,14 @@ def read_ceilings(path) -> pd.DataFrame:
                       ("run_id", "rem_epochs", "ixy_paper", "network_accuracy", "within_2_points"))
 
 
-def same_budget_but_epochs(table: pd.DataFrame, settings: RemainderSettings) -> pd.DataFrame:
-    """The ceiling rows whose remainder settings equal `settings` in all but the epochs."""
+def same_budget_but_epochs(table: pd.DataFrame, settings) -> pd.DataFrame:
+    """The rows of `table` whose remainder settings equal `settings`' (its `as_columns()`, or a row's rem_*
+    columns) in all but the epochs."""
+    columns = settings.as_columns() if isinstance(settings, RemainderSettings) else settings
     mask = pd.Series(True, index=table.index)
-    for key, value in settings.as_columns().items():
+    for key in RemainderSettings().as_columns():
         if key != "rem_epochs":
-            mask &= equal_as_read(table[key], value)
+            mask &= equal_as_read(table[key], columns[key])
     return table[mask]
 
 

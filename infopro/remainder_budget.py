@@ -11,8 +11,8 @@ the ceiling towards its last point, a linear classifier on trained features, whi
 
 import pandas as pd
 
+from infopro.analysis import same_budget_but_epochs
 from infopro.errors import InfoProError
-from infopro.records import equal_as_read
 from infopro.remainder import RemainderSettings
 from infopro.selection import with_method
 from infopro.style import METHODS
@@ -22,12 +22,9 @@ SETTINGS_BUT_EPOCHS = tuple(key for key in RemainderSettings().as_columns() if k
 CEILING = "x (the ceiling)"
 
 
-def same_settings_but_epochs(table: pd.DataFrame, like: pd.Series) -> pd.Series:
-    """Which rows of `table` share `like`'s run and remainder settings in all but the epochs."""
-    mask = table["run_id"] == like["run_id"]
-    for key in SETTINGS_BUT_EPOCHS:
-        mask &= equal_as_read(table[key], like[key])
-    return mask
+def same_settings_but_epochs(table: pd.DataFrame, like: pd.Series) -> pd.DataFrame:
+    """The rows of `table` that share `like`'s run and remainder settings in all but the epochs."""
+    return same_budget_but_epochs(table[table["run_id"] == like["run_id"]], like)
 
 
 def network_label(row: pd.Series) -> str:
@@ -65,14 +62,13 @@ def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame 
     longer = with_method(longer)
     rows, spans = [], []
     for _, like in longer.drop_duplicates(["run_id", *SETTINGS_BUT_EPOCHS]).iterrows():
-        mine = longer[same_settings_but_epochs(longer, like)]
-        figure = mi[(mi["estimator"] == "remainder") & same_settings_but_epochs(mi, like)
-                    & mi["layer"].isin(mine["layer"])]
+        mine = same_settings_but_epochs(longer, like)
+        figure = same_settings_but_epochs(mi[(mi["estimator"] == "remainder") & mi["layer"].isin(mine["layer"])], like)
         if figure.empty:
             raise InfoProError(f"{like['run_id']}: the figure has no remainder rows of these layer points with the "
                                f"same settings but the epochs, to set the longer budget's beside")
         base = int(figure["rem_epochs"].min())
-        ceiling = (ceilings[same_settings_but_epochs(ceilings, like)] if ceilings is not None
+        ceiling = (same_settings_but_epochs(ceilings, like) if ceilings is not None
                    else pd.DataFrame(columns=["rem_epochs", "ixy_paper"]))
         points = pd.concat([figure, mine])
         for epochs in sorted(set(mine["rem_epochs"]) - {base}):
