@@ -206,6 +206,25 @@ def test_the_readme_stays_a_front_page():
     assert re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", readme) == []
 
 
+def layout_names(readme: str) -> set[str]:
+    """The file names the README's Layout block gives; `module_parallel(_throughput)` names two."""
+    block = readme.split("## Layout", 1)[1].split("```")[1]
+    names = set()
+    for stem, suffix in re.findall(r"([a-z_]+)(?:\(([a-z_]+)\))?", block):
+        names |= {stem, stem + suffix}
+    return names
+
+
+def test_the_readmes_layout_names_every_file_of_the_code():
+    """A newcomer finds a file from the layout's one line about it; a new file must get its line."""
+    sample = "## Layout\n```\ninfopro/  data, module_parallel(_throughput)  the data\n```"
+    assert {"data", "module_parallel", "module_parallel_throughput"} <= layout_names(sample)
+    named = layout_names((REPO / "README.md").read_text())
+    files = [path for package in ("infopro", "experiments", "analysis") for path in (REPO / package).glob("*.py")]
+    assert sorted(f"{path.parent.name}/{path.name}" for path in files
+                  if path.stem != "__init__" and path.stem not in named) == []
+
+
 def test_the_readmes_python_example_runs_on_the_committed_weights(monkeypatch):
     """The README's example loads a committed network and reads its layers; its printed errors are the
     run's record. The test images are synthetic here (the tests never need the dataset), so the example's
