@@ -26,17 +26,18 @@ with CUDA-graphed ones, side by side on a GPU, and writes results/bench/remainde
 
     python -m analysis.remainder budget --reference cifar10-jpeg-resnet32-e2e-K1-s0 --layers 1,8,16
 
-`budget` asks whether the figure's budget sets its values: the ceiling and the given layer points of
-that run again with a longer budget (--epochs, default twice the figure's), the ceiling's row going
-to remainder_ceiling.csv beside the others and the points' rows to
+`budget` asks whether the figure's budget sets its values: the given layer points of that run again
+with a longer budget (--epochs, default twice the figure's), and the ceiling with it unless one was
+measured there against any network of the run's recipe (the ceiling never reads a network's
+features); the ceiling's row goes to remainder_ceiling.csv beside the others, the points' rows to
 results/analysis/remainder_budget.csv, which `make table_remainder_budget` sets beside the figure's.
 """
 
 from dataclasses import replace
 
 from analysis.probe import LAYERS_HELP, layer_list
-from infopro.analysis import (analyse_runs, chosen_epochs, measure_ceilings, remainder_run, remainder_settings,
-                              remainder_steps_run)
+from infopro.analysis import (analyse_runs, chosen_epochs, measure_ceilings, recipe_ceiling, remainder_run,
+                              remainder_settings, remainder_steps_run)
 from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.config import PRECISIONS
 from infopro.device import resolve_device
@@ -67,7 +68,7 @@ def parse_args(argv=None):
     layers.add_argument("--epochs", type=at_least(1), help="budget (default: the shortest whose ceiling passed)")
     layers.add_argument("--force", action="store_true", help="redo runs already in the CSV")
     layers.add_argument("--out", default="results/analysis/mutual_information.csv")
-    budget = commands.add_parser("budget", help="the ceiling and some layer points again with a longer budget")
+    budget = commands.add_parser("budget", help="some layer points, and their recipe's ceiling, again with a longer budget")
     budget.add_argument("--reference", required=True, metavar="TEXT", help="the run (id contains TEXT) estimated")
     budget.add_argument("--layers", type=layer_list, required=True, metavar="L1,L2",
                         help="layer points L1,L2,... or 'key': layer 1, the run's module ends and its last")
@@ -118,10 +119,10 @@ def estimate_layers(runs: list[Run], args, budgets: dict, device) -> None:
 
 
 def longer_budget(args, settings: RemainderSettings, device) -> None:
-    """`budget`: the ceiling against --reference and its --layers, both at the longer budget."""
+    """`budget`: --reference's --layers at the longer budget, and its recipe's ceiling there unless measured."""
     reference = reference_run(args.runs, args.reference)
     longer = replace(settings, epochs=args.epochs or 2 * figure_epochs(reference, args, settings))
-    measure_ceilings(reference, [longer.epochs], args.ceilings, longer, device, args.data_root, step=args.step)
+    recipe_ceiling(reference, longer, args.ceilings, device, args.data_root, step=args.step)
     estimate_layers([reference], args, {reference.run_id: longer}, device)
 
 

@@ -10,10 +10,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from infopro.analysis import ceilings_beside
 from infopro.errors import InfoProError
 from infopro.plots import curve_seeds_text, footer, local_ks, new_figure, seeds_text, shared_legend
-from infopro.records import equal_as_read
-from infopro.remainder import RemainderSettings
 from infopro.selection import ANALYSIS_FIGURE_ARCH, figure_rows, with_method
 from infopro.splits import num_layer_points
 from infopro.style import K_COLOURS, METHODS, PURPLE, local_methods, styled
@@ -124,19 +123,12 @@ def estimator_of(mi: pd.DataFrame) -> str:
     return estimators.pop()
 
 
-# What a ceiling shares with the remainder rows it is drawn beside: the network's architecture and recipe
-# (its reference's) and the estimator's whole budget.
-CEILING_KEYS = ("arch", "recipe", *RemainderSettings().as_columns())
-
-
 def ceiling_accuracy(mi: pd.DataFrame, ceilings: pd.DataFrame | None) -> float | None:
     """The mean ceiling measured against a network of the remainder rows' `mi` architecture and recipe with
     their budget (None if none was)."""
     if ceilings is None or ceilings.empty:
         return None
-    same, first = ceilings, mi.iloc[0]
-    for key in (key for key in CEILING_KEYS if key in mi):
-        same = same[equal_as_read(same[key], first[key])]
+    same = ceilings_beside(ceilings, mi.iloc[0])
     return None if same.empty else float(same["ixy_paper"].mean())
 
 

@@ -11,7 +11,7 @@ the ceiling towards its last point, a linear classifier on trained features, whi
 
 import pandas as pd
 
-from infopro.analysis import same_budget_but_epochs
+from infopro.analysis import ceilings_beside, same_budget_but_epochs
 from infopro.errors import InfoProError
 from infopro.remainder import RemainderSettings
 from infopro.selection import with_method
@@ -35,10 +35,11 @@ def network_label(row: pd.Series) -> str:
 
 
 def value(rows: pd.DataFrame, column: str, epochs: int) -> float | None:
-    """`column` of the row estimated with `epochs` (None: not estimated, or not by this estimate)."""
+    """`column` of the rows estimated with `epochs`, their mean as fig10 draws a ceiling measured more than
+    once (None: not estimated, or not by this estimate)."""
     cells = rows.loc[rows["rem_epochs"] == epochs, column] if column in rows else pd.Series(dtype=float)
     cells = cells.dropna()
-    return None if cells.empty else float(cells.iloc[-1])
+    return None if cells.empty else float(cells.mean())
 
 
 def shown(number: float | None) -> str:
@@ -68,8 +69,8 @@ def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame 
             raise InfoProError(f"{like['run_id']}: the figure has no remainder rows of these layer points with the "
                                f"same settings but the epochs, to set the longer budget's beside")
         base = int(figure["rem_epochs"].min())
-        ceiling = (same_settings_but_epochs(ceilings, like) if ceilings is not None
-                   else pd.DataFrame(columns=["rem_epochs", "ixy_paper"]))
+        ceiling = (ceilings_beside(ceilings, like, but_epochs=True) if ceilings is not None
+                   else pd.DataFrame(columns=["run_id", "rem_epochs", "ixy_paper", "network_accuracy"]))
         points = pd.concat([figure, mine])
         for epochs in sorted(set(mine["rem_epochs"]) - {base}):
             label = network_label(like)
@@ -81,12 +82,14 @@ def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame 
                              "I(h,y), figure's": shown(hy[0]), "I(h,y), longer": shown(hy[1]),
                              "I(h,y) change (points)": change(*hy), "I(h,x), figure's": shown(hx[0]),
                              "I(h,x), longer": shown(hx[1]), "I(h,x) change (points)": change(*hx)})
-            accuracy = value(ceiling, "network_accuracy", base)
+            own = ceiling.loc[ceiling["run_id"] == like["run_id"], "network_accuracy"].dropna()
+            accuracy = None if own.empty else float(own.iloc[-1])  # where a ceiling was measured against it
             spans.append(f"{label}{'' if accuracy is None else f' (its own test accuracy {accuracy:.4f})'}: "
                          f"{span(points, base)} points with {base} epochs, {span(points, epochs)} with {int(epochs)}")
     caption = ("The remainder estimator's budget: I(h,y) (test accuracy of the remainder) and I(h,x) (1 − decoder "
                "BCE) in the paper's units at some layer points of a network, with the budget of its fig10 rows "
-               "(figure's) and a longer one, every other setting equal; the ceiling is the network's architecture "
-               "trained on the image itself (no I(h,x)). I(h,y)'s span (max − min) over the layer points: "
+               "(figure's) and a longer one, every other setting equal; the ceiling is the architecture trained on the "
+               "image itself, which every network of a recipe shares (the mean of those measured; no I(h,x)). "
+               "I(h,y)'s span (max − min) over the layer points: "
                + "; ".join(spans) + ".")
     return pd.DataFrame(rows), caption

@@ -20,7 +20,8 @@ def rows(epochs: int, ixy: dict, estimator="remainder", **changed) -> list[dict]
 
 
 def ceiling(epochs: int, ixy: float) -> dict:
-    return E2E | RemainderSettings(epochs=epochs).as_columns() | dict(layer=0, ixy_paper=ixy, network_accuracy=0.8912)
+    return E2E | RemainderSettings(epochs=epochs).as_columns() | dict(layer=0, ixy_paper=ixy, network_accuracy=0.8912,
+                                                                     within_2_points=True)
 
 
 FIGURE = rows(30, {1: 0.879, 8: 0.868, 12: 0.8777, 16: 0.8905})
@@ -41,6 +42,20 @@ def test_each_point_is_set_beside_the_figures_estimate_with_every_other_setting_
     assert "(its own test accuracy 0.8912): 2.25 points with 30 epochs, 0.56 with 60" in caption
 
 
+def test_the_recipes_ceiling_stands_beside_every_network_and_its_own_accuracy_only_where_measured():
+    """Greedy SL's points get the ceiling measured against E2E of their recipe (the mean of two at 60 epochs),
+    not another recipe's; the caption gives a network's own accuracy only from a ceiling measured against it."""
+    greedy = dict(run_id="greedy-K2-s0", regime="greedy", K=2)
+    mi = pd.DataFrame([row | greedy for row in rows(30, {1: 0.87, 8: 0.84})])
+    longer = pd.DataFrame([row | greedy for row in rows(60, {1: 0.88, 8: 0.85})])
+    ceilings = pd.DataFrame([ceiling(30, 0.8776), ceiling(60, 0.8860), ceiling(60, 0.8862),
+                             ceiling(60, 0.5) | dict(recipe="a CPU fixture")])
+    table, caption = budget_table(mi, longer, ceilings)
+    assert list(table.iloc[0][["I(h,y), figure's", "I(h,y), longer", "I(h,y) change (points)"]]) == [
+        "0.8776", "0.8861", "+0.85"]
+    assert "Greedy SL K = 2, seed 0, 160 epochs: 3.00 points" in caption and "own test accuracy" not in caption
+
+
 def test_points_the_figure_lacks_read_as_dashes_and_a_budget_without_figure_rows_is_refused():
     longer = pd.DataFrame(rows(60, {1: 0.887, 2: 0.88}))
     table, _ = budget_table(pd.DataFrame(FIGURE), longer, None)  # layer 2 not in the figure; no ceiling measured
@@ -48,6 +63,29 @@ def test_points_the_figure_lacks_read_as_dashes_and_a_budget_without_figure_rows
     assert list(table["I(h,y), figure's"]) == ["–", "0.8790", "–"] and list(table["I(h,y), longer"])[0] == "–"
     with pytest.raises(InfoProError, match="no remainder rows of these layer points with the same settings"):
         budget_table(pd.DataFrame(rows(30, {1: 0.879}, rem_lr=0.1)), longer, None)
+
+
+def test_the_ceiling_of_a_recipe_is_trained_once_whichever_network_asks(tmp_path, monkeypatch):
+    """A budget check of greedy SL finds E2E's ceiling of the same recipe and budget and trains none; one of
+    another recipe or budget does not count, and the mean of those measured is what it reports."""
+    import infopro.analysis as analysis
+
+    class Greedy:
+        run_id = "greedy-K2-s0"
+
+        def row(self):
+            return E2E | dict(run_id=self.run_id, regime="greedy", K=2)
+
+    trained, said = [], []
+    monkeypatch.setattr(analysis, "measure_ceilings", lambda run, candidates, *args, **kwargs: trained.append(
+        (run.run_id, candidates)))
+    path, longer = tmp_path / "remainder_ceiling.csv", RemainderSettings(epochs=60)
+    pd.DataFrame([ceiling(60, 0.8861) | dict(recipe="a CPU fixture"), ceiling(30, 0.8776)]).to_csv(path, index=False)
+    analysis.recipe_ceiling(Greedy(), longer, path, log=said.append)
+    assert trained == [("greedy-K2-s0", [60])] and said == []
+    pd.DataFrame([ceiling(60, 0.8861), ceiling(60, 0.8863)]).to_csv(path, index=False)
+    analysis.recipe_ceiling(Greedy(), longer, path, log=said.append)
+    assert trained == [("greedy-K2-s0", [60])] and "measured (88.62%, against e2e-K1-s0, e2e-K1-s0)" in said[0]
 
 
 @pytest.mark.slow  # the command line on a trained network: about 20 s
