@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from infopro.analysis import chosen_epochs
+from infopro.analysis import ceilings_beside, chosen_epochs, read_ceilings
 from infopro.errors import InfoProError
 from infopro.records import name_slug, read_table
 from infopro.remainder_steps import fastest_step, steps_csv
@@ -110,6 +110,19 @@ def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, po
                                 or pass_pace(ceilings, gpu, step))) or (0.0, GUESS_SECONDS_PER_WORK)
     seconds = times * epochs * (fixed + per_unit * sum(map(point_work, points)))
     return REMAINDER_MARGIN * seconds / 60 + REMAINDER_START_MINUTES
+
+
+def longer_ceiling_measured(ceilings: Path, reference: str, times: int) -> bool:
+    """Whether `ceilings` holds a ceiling at `times` the budget that the ceiling against the run `reference`
+    chose, measured against any network of its recipe (`ceilings_beside`), as `analysis.remainder budget`
+    then trains none."""
+    try:
+        epochs = chosen_epochs(ceilings, network={"run_id": reference})
+    except InfoProError:  # no budget chosen yet
+        return False
+    table = read_ceilings(ceilings)
+    chose = table[(table["run_id"] == reference) & (table["rem_epochs"] == epochs)].iloc[-1]
+    return not ceilings_beside(table, chose.to_dict() | {"rem_epochs": times * epochs}).empty
 
 
 def missing_points(mi: Path, run_id: str, points: list[int]) -> list[int]:

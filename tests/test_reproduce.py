@@ -102,6 +102,39 @@ def test_a_remainder_pass_needs_what_its_gpu_measured_at_the_chosen_budget(tmp_p
         REMAINDER_MARGIN * 0.4 * rate * 25 * 30 / 60 + REMAINDER_START_MINUTES)
 
 
+def test_a_budget_check_plans_the_ceiling_until_its_recipe_has_one_at_that_budget(tmp_path):
+    """The ceiling never reads a network's features: once one of the recipe's is at the longer budget, measured
+    against any network, a budget check plans its layer points alone; another recipe's ceiling does not count."""
+    from experiments.remainder_plan import longer_ceiling_measured, remainder_minutes
+    from experiments.stages import BUDGET_LAYERS, REMAINDER_REFERENCE
+
+    infopro = "cifar10-jpeg-resnet32-infopro-contrast-K2-s0"
+    for run_id in (REMAINDER_REFERENCE, infopro):
+        (tmp_path / "runs" / run_id).mkdir(parents=True)
+        (tmp_path / "runs" / run_id / "model.pt").touch()
+    (tmp_path / "analysis").mkdir()
+    ceilings = tmp_path / "analysis" / "remainder_ceiling.csv"
+    chosen = dict(run_id=REMAINDER_REFERENCE, arch="resnet32", recipe="paper", layer=0, rem_epochs=30,
+                  within_2_points=True, rem_batch_size=512, rem_lr=0.4, rem_warmup_epochs=2, rem_momentum=0.9,
+                  rem_weight_decay=5e-4, rem_precision="bf16", rem_seed=0, ixy_paper=0.88, network_accuracy=0.89)
+    longer = [chosen | dict(run_id="a-fixture-network", recipe="a CPU fixture", rem_epochs=60),
+              chosen | dict(run_id=infopro, rem_epochs=60)]
+    plan = {stage.name: stage for stage in stages(tmp_path, ".data", gpu="nvidia-a100")}
+    plan = plan["remainder-budget:infopro-contrast-K2"]
+
+    def planned(rows) -> tuple[bool, float]:
+        pd.DataFrame(rows).to_csv(ceilings, index=False)
+        return longer_ceiling_measured(ceilings, REMAINDER_REFERENCE, 2), plan.minutes_needed()
+
+    def minutes(points):
+        return remainder_minutes(tmp_path / "mi.csv", ceilings, tmp_path / "bench", "nvidia-a100", points,
+                                 REMAINDER_REFERENCE, 2)
+
+    with_ceiling = planned([chosen])
+    assert with_ceiling == planned([chosen, longer[0]]) == (False, minutes([0]) + minutes(list(BUDGET_LAYERS)))
+    assert planned([chosen, *longer]) == (True, minutes(list(BUDGET_LAYERS)))
+
+
 def test_a_remainder_pass_is_planned_at_a_fixed_cost_an_epoch_plus_its_work(tmp_path):
     """Passes of several sizes on one GPU: each epoch costs a fixed part (the fitted intercept) plus a rate per
     unit of point work, that rate the most any pass took beyond the fixed part; so no timed pass lies above
@@ -524,9 +557,9 @@ def test_cli_refuses_a_part_size_that_is_not_positive(tmp_path):
 
 def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_rows(tmp_path):
     """The ceiling first; E2E and greedy SL of seed 0, and E2E's budget check, before DGL's seed 0, the
-    unfinished runs of Table 2 before the other methods' estimates, the points between module ends
-    after every network's key points, and all before the rest of the grid's seeds; a network's stage
-    is done once each of its points has its remainder row, the ceiling once a candidate passed."""
+    unfinished runs of Table 2 before the other methods' estimates and InfoPro K = 2's budget check, the points
+    between module ends after every network's key points, and all before the rest of the grid's seeds; a
+    network's stage is done once each of its points has its remainder row, the ceiling once a candidate passed."""
     from experiments.stages import REMAINDER_REFERENCE
 
     runs = tmp_path / "runs"
@@ -539,8 +572,9 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     (partial / "checkpoint.pt").touch()
     plan = {stage.name: stage for stage in stages(tmp_path, ".data")}
     assert list(plan)[7:] == ["remainder-ceiling", "remainder-steps", "remainder:e2e-K1", "remainder:greedy-K4",
-                              "remainder-budget", "grid-jobs", "dgl-seed0", "table2-unfinished",
-                              "remainder:infopro-contrast-K2", "remainder-between:greedy-K4",
+                              "remainder-budget:e2e-K1", "grid-jobs", "dgl-seed0", "table2-unfinished",
+                              "remainder:infopro-contrast-K2", "remainder-budget:infopro-contrast-K2",
+                              "remainder-between:greedy-K4",
                               "remainder-between:infopro-contrast-K2", "table2", "dgl", "bf16-twins",
                               "table3-compiled"]  # E2E's key points are all its points
     unfinished = plan["table2-unfinished"].command(5.0)
@@ -556,8 +590,9 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     assert plan["table2-unfinished"].reads() == plan["table2"].reads() == [partial / "checkpoint.pt"]
     assert plan["dgl-seed0"].reads() == plan["remainder-ceiling"].reads() == []
     weights = [runs / REMAINDER_REFERENCE / "model.pt"]
-    assert plan["remainder-steps"].reads() == plan["remainder-budget"].reads() == weights
-    budget = plan["remainder-budget"].command(100.0)
+    assert plan["remainder-steps"].reads() == plan["remainder-budget:e2e-K1"].reads() == weights
+    budget = plan["remainder-budget:infopro-contrast-K2"].command(100.0)
+    assert budget[budget.index("--reference") + 1] == "cifar10-jpeg-resnet32-infopro-contrast-K2-s0"
     assert budget[budget.index("--layers") + 1] == "1,8,16" and budget[budget.index("--out") + 1].endswith(
         "remainder_budget.csv")
     analysis = tmp_path / "analysis"
@@ -573,9 +608,9 @@ def test_the_remainder_stages_follow_the_value_order_and_count_done_by_their_row
     assert plan["remainder-between:greedy-K4"].done() and not plan["remainder:e2e-K1"].done()
     budget_rows = pd.DataFrame({"run_id": REMAINDER_REFERENCE, "layer": [1, 8], "estimator": "remainder"})
     budget_rows.to_csv(analysis / "remainder_budget.csv", index=False)
-    assert not plan["remainder-budget"].done()  # its rows, not the figure's, count: layer 16 is missing
+    assert not plan["remainder-budget:e2e-K1"].done()  # its rows, not the figure's, count: layer 16 is missing
     pd.concat([budget_rows, budget_rows.assign(layer=16)]).to_csv(analysis / "remainder_budget.csv", index=False)
-    assert plan["remainder-budget"].done()
+    assert plan["remainder-budget:e2e-K1"].done() and not plan["remainder-budget:infopro-contrast-K2"].done()
     ceiling = pd.DataFrame({"run_id": [REMAINDER_REFERENCE], "rem_epochs": [30], "within_2_points": [False]})
     ceiling.to_csv(analysis / "remainder_ceiling.csv", index=False)
     assert not plan["remainder-ceiling"].done()
