@@ -13,6 +13,7 @@ import pandas as pd
 
 from infopro.analysis import ceilings_beside, same_budget_but_epochs
 from infopro.errors import InfoProError
+from infopro.records import equal_as_read
 from infopro.remainder import RemainderSettings
 from infopro.selection import with_method
 from infopro.style import METHODS
@@ -25,6 +26,34 @@ CEILING = "x (the ceiling)"
 def same_settings_but_epochs(table: pd.DataFrame, like: pd.Series) -> pd.DataFrame:
     """The rows of `table` that share `like`'s run and remainder settings in all but the epochs."""
     return same_budget_but_epochs(table[table["run_id"] == like["run_id"]], like)
+
+
+def network_points(mi: pd.DataFrame, longer: pd.DataFrame, like: pd.Series) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The layer points `like`'s network ran the check at: (fig10's remainder rows of them, the check's rows),
+    every setting equal but the epochs."""
+    mine = same_settings_but_epochs(longer, like)
+    figure = same_settings_but_epochs(mi[(mi["estimator"] == "remainder") & mi["layer"].isin(mine["layer"])], like)
+    if figure.empty:
+        raise InfoProError(f"{like['run_id']}: the figure has no remainder rows of these layer points with the "
+                           f"same settings but the epochs, to set the longer budget's beside")
+    return figure, mine
+
+
+# Whom a network's points are set against, to tell whether the budget moves a claim's verdict, not only its
+# values: E2E of the same architecture, recipe (its images and schedule) and seed, checked with the same settings.
+E2E_KEYS = ("arch", "recipe", "seed")
+
+
+def e2e_twin(longer: pd.DataFrame, like: pd.Series) -> pd.Series | None:
+    """The E2E network of `like`'s E2E_KEYS that ran the check with `like`'s settings but the epochs (None: none
+    did, or `like` is E2E)."""
+    if like["regime"] == "e2e":
+        return None
+    twins = longer[longer["regime"] == "e2e"]
+    for key in E2E_KEYS:
+        twins = twins[equal_as_read(twins[key], like[key])]
+    twins = same_budget_but_epochs(twins, like)
+    return None if twins.empty else twins.iloc[0]
 
 
 def network_label(row: pd.Series) -> str:
@@ -63,25 +92,25 @@ def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame 
     longer = with_method(longer)
     rows, spans = [], []
     for _, like in longer.drop_duplicates(["run_id", *SETTINGS_BUT_EPOCHS]).iterrows():
-        mine = same_settings_but_epochs(longer, like)
-        figure = same_settings_but_epochs(mi[(mi["estimator"] == "remainder") & mi["layer"].isin(mine["layer"])], like)
-        if figure.empty:
-            raise InfoProError(f"{like['run_id']}: the figure has no remainder rows of these layer points with the "
-                               f"same settings but the epochs, to set the longer budget's beside")
-        base = int(figure["rem_epochs"].min())
+        figure, mine = network_points(mi, longer, like)
+        base, points = int(figure["rem_epochs"].min()), pd.concat([figure, mine])
+        twin = e2e_twin(longer, like)
+        e2e = pd.concat(network_points(mi, longer, twin)) if twin is not None else points.iloc[:0]
         ceiling = (ceilings_beside(ceilings, like, but_epochs=True) if ceilings is not None
                    else pd.DataFrame(columns=["run_id", "rem_epochs", "ixy_paper", "network_accuracy"]))
-        points = pd.concat([figure, mine])
         for epochs in sorted(set(mine["rem_epochs"]) - {base}):
             label = network_label(like)
-            for point, at in [(CEILING, ceiling)] + [(layer, points[points["layer"] == layer])
-                                                        for layer in sorted(mine["layer"].unique())]:
+            for point, at, e2e_at in [(CEILING, ceiling, ceiling.iloc[:0])] + [
+                    (layer, points[points["layer"] == layer], e2e[e2e["layer"] == layer])
+                    for layer in sorted(mine["layer"].unique())]:
                 hy = (value(at, "ixy_paper", base), value(at, "ixy_paper", epochs))
                 hx = (value(at, "ixx_paper", base), value(at, "ixx_paper", epochs))
                 rows.append({"network": label, "layer point": point, "epochs": f"{base} → {int(epochs)}",
                              "I(h,y), figure's": shown(hy[0]), "I(h,y), longer": shown(hy[1]),
                              "I(h,y) change (points)": change(*hy), "I(h,x), figure's": shown(hx[0]),
-                             "I(h,x), longer": shown(hx[1]), "I(h,x) change (points)": change(*hx)})
+                             "I(h,x), longer": shown(hx[1]), "I(h,x) change (points)": change(*hx),
+                             "I(h,y) − E2E's, figure's (points)": change(value(e2e_at, "ixy_paper", base), hy[0]),
+                             "I(h,y) − E2E's, longer (points)": change(value(e2e_at, "ixy_paper", epochs), hy[1])})
             own = ceiling.loc[ceiling["run_id"] == like["run_id"], "network_accuracy"].dropna()
             accuracy = None if own.empty else float(own.iloc[-1])  # where a ceiling was measured against it
             spans.append(f"{label}{'' if accuracy is None else f' (its own test accuracy {accuracy:.4f})'}: "
@@ -90,6 +119,8 @@ def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame 
                "BCE) in the paper's units at some layer points of a network, with the budget of its fig10 rows "
                "(figure's) and a longer one, every other setting equal; the ceiling is the architecture trained on the "
                "image itself, which every network of a recipe shares (the mean of those measured; no I(h,x)). "
+               "I(h,y) − E2E's: against the E2E network of the same recipe and seed at the same layer point and "
+               "budget, where it ran the check. "
                "I(h,y)'s span (max − min) over the layer points: "
                + "; ".join(spans) + ".")
     return pd.DataFrame(rows), caption

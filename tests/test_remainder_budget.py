@@ -56,6 +56,23 @@ def test_the_recipes_ceiling_stands_beside_every_network_and_its_own_accuracy_on
     assert "Greedy SL K = 2, seed 0, 160 epochs: 3.00 points" in caption and "own test accuracy" not in caption
 
 
+def test_a_methods_points_stand_against_e2e_of_its_recipe_and_seed_at_each_budget():
+    """Greedy SL seed 0 at layers 1 and 8 is set against E2E seed 0's at both budgets, not seed 1's; at layer 4,
+    which E2E did not run, and at the ceiling there is no gap, nor on E2E's own rows."""
+    greedy = dict(run_id="greedy-K2-s0", regime="greedy", K=2)
+    e2e_s1 = dict(run_id="e2e-K1-s1", seed=1)
+    mi = pd.DataFrame(FIGURE + [row | greedy for row in rows(30, {1: 0.87, 4: 0.86, 8: 0.84})]
+                      + [row | e2e_s1 for row in rows(30, {1: 0.5, 8: 0.5})])
+    longer = pd.DataFrame([row | e2e_s1 for row in rows(60, {1: 0.5, 8: 0.5})] + rows(60, {1: 0.887, 8: 0.885})
+                          + [row | greedy for row in rows(60, {1: 0.88, 4: 0.87, 8: 0.85})])
+    table, caption = budget_table(mi, longer, pd.DataFrame([ceiling(30, 0.8776), ceiling(60, 0.8861)]))
+    gaps = table[table["network"].str.startswith("Greedy")]
+    assert list(gaps["I(h,y) − E2E's, figure's (points)"]) == ["–", "-0.90", "–", "-2.80"]
+    assert list(gaps["I(h,y) − E2E's, longer (points)"]) == ["–", "-0.70", "–", "-3.50"]
+    assert table.loc[table["network"].str.startswith("E2E"), "I(h,y) − E2E's, longer (points)"].eq("–").all()
+    assert "against the E2E network of the same recipe and seed" in caption
+
+
 def test_points_the_figure_lacks_read_as_dashes_and_a_budget_without_figure_rows_is_refused():
     longer = pd.DataFrame(rows(60, {1: 0.887, 2: 0.88}))
     table, _ = budget_table(pd.DataFrame(FIGURE), longer, None)  # layer 2 not in the figure; no ceiling measured
