@@ -80,9 +80,19 @@ def change(before: float | None, after: float | None) -> str:
 
 
 def span(points: pd.DataFrame, epochs: int) -> str:
-    """max − min of I(h,y) over the layer points estimated with `epochs`, in points."""
+    """max − min of I(h,y) over the layer points of `points` estimated with `epochs`, in points."""
     values = points.loc[points["rem_epochs"] == epochs, "ixy_paper"]
     return f"{100 * (values.max() - values.min()):.2f}"
+
+
+def span_line(label: str, points: pd.DataFrame, base: int, epochs: int) -> str | None:
+    """The caption's span of one network at the figure's budget and a longer one, over the layer points
+    estimated at both; None where fewer than two were (a single point has no span)."""
+    layers = set(points.loc[points["rem_epochs"] == epochs, "layer"])
+    if len(layers) < 2:
+        return None
+    both = points[points["layer"].isin(layers)]
+    return f"{label}: {span(both, base)} points with {base} epochs, {span(both, epochs)} with {epochs}"
 
 
 def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame | None) -> tuple[pd.DataFrame, str]:
@@ -98,29 +108,28 @@ def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame 
         e2e = pd.concat(network_points(mi, longer, twin)) if twin is not None else points.iloc[:0]
         ceiling = (ceilings_beside(ceilings, like, but_epochs=True) if ceilings is not None
                    else pd.DataFrame(columns=["run_id", "rem_epochs", "ixy_paper", "network_accuracy"]))
-        for epochs in sorted(set(mine["rem_epochs"]) - {base}):
-            label = network_label(like)
+        own = ceiling.loc[ceiling["run_id"] == like["run_id"], "network_accuracy"].dropna()
+        label = network_label(like) + ("" if own.empty  # where a ceiling was measured against it
+                                       else f" (its own test accuracy {float(own.iloc[-1]):.4f})")
+        for epochs in sorted(int(epochs) for epochs in set(mine["rem_epochs"]) - {base}):
             for point, at, e2e_at in [(CEILING, ceiling, ceiling.iloc[:0])] + [
                     (layer, points[points["layer"] == layer], e2e[e2e["layer"] == layer])
-                    for layer in sorted(mine["layer"].unique())]:
+                    for layer in sorted(mine.loc[mine["rem_epochs"] == epochs, "layer"].unique())]:
                 hy = (value(at, "ixy_paper", base), value(at, "ixy_paper", epochs))
                 hx = (value(at, "ixx_paper", base), value(at, "ixx_paper", epochs))
-                rows.append({"network": label, "layer point": point, "epochs": f"{base} → {int(epochs)}",
+                rows.append({"network": network_label(like), "layer point": point, "epochs": f"{base} → {epochs}",
                              "I(h,y), figure's": shown(hy[0]), "I(h,y), longer": shown(hy[1]),
                              "I(h,y) change (points)": change(*hy), "I(h,x), figure's": shown(hx[0]),
                              "I(h,x), longer": shown(hx[1]), "I(h,x) change (points)": change(*hx),
                              "I(h,y) − E2E's, figure's (points)": change(value(e2e_at, "ixy_paper", base), hy[0]),
                              "I(h,y) − E2E's, longer (points)": change(value(e2e_at, "ixy_paper", epochs), hy[1])})
-            own = ceiling.loc[ceiling["run_id"] == like["run_id"], "network_accuracy"].dropna()
-            accuracy = None if own.empty else float(own.iloc[-1])  # where a ceiling was measured against it
-            spans.append(f"{label}{'' if accuracy is None else f' (its own test accuracy {accuracy:.4f})'}: "
-                         f"{span(points, base)} points with {base} epochs, {span(points, epochs)} with {int(epochs)}")
+            spans.append(span_line(label, points, base, epochs))
     caption = ("The remainder estimator's budget: I(h,y) (test accuracy of the remainder) and I(h,x) (1 − decoder "
                "BCE) in the paper's units at some layer points of a network, with the budget of its fig10 rows "
-               "(figure's) and a longer one, every other setting equal; the ceiling is the architecture trained on the "
+               "(figure's) and longer ones, every other setting equal; the ceiling is the architecture trained on the "
                "image itself, which every network of a recipe shares (the mean of those measured; no I(h,x)). "
                "I(h,y) − E2E's: against the E2E network of the same recipe and seed at the same layer point and "
                "budget, where it ran the check. "
-               "I(h,y)'s span (max − min) over the layer points: "
-               + "; ".join(spans) + ".")
+               "I(h,y)'s span (max − min) over the layer points estimated at both budgets: "
+               + "; ".join(line for line in spans if line is not None) + ".")
     return pd.DataFrame(rows), caption

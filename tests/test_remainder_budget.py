@@ -42,6 +42,20 @@ def test_each_point_is_set_beside_the_figures_estimate_with_every_other_setting_
     assert "(its own test accuracy 0.8912): 2.25 points with 30 epochs, 0.56 with 60" in caption
 
 
+def test_each_longer_budget_shows_its_own_points_and_spans_only_the_points_estimated_at_it():
+    """A third budget run at layer 8 alone adds the ceiling's and layer 8's rows, not dashes for layers 1 and 16,
+    and no span (one point has none); one run at layers 1 and 8 spans those two at both budgets (1.10 points at
+    30 epochs, where the four figure points span 2.25)."""
+    longer = pd.DataFrame(rows(60, {1: 0.887, 8: 0.885, 16: 0.8906}) + rows(120, {8: 0.888})
+                          + rows(240, {1: 0.89, 8: 0.889}))
+    table, caption = budget_table(pd.DataFrame(FIGURE), longer, None)
+    assert list(table["epochs"]) == ["30 → 60"] * 4 + ["30 → 120"] * 2 + ["30 → 240"] * 3
+    assert list(table.loc[table["epochs"] == "30 → 120", "layer point"]) == [CEILING, 8]
+    assert table.loc[table["epochs"] == "30 → 120", "I(h,y) change (points)"].iloc[1] == "+2.00"
+    assert "2.25 points with 30 epochs, 0.56 with 60; E2E, seed 0, 160 epochs: 1.10 points with 30 epochs, 0.10 " \
+           "with 240." in caption and "with 120" not in caption
+
+
 def test_the_recipes_ceiling_stands_beside_every_network_and_its_own_accuracy_only_where_measured():
     """Greedy SL's points get the ceiling measured against E2E of their recipe (the mean of two at 60 epochs),
     not another recipe's; the caption gives a network's own accuracy only from a ceiling measured against it."""
