@@ -31,9 +31,12 @@ with a longer budget (--epochs, default twice the figure's), and the ceiling wit
 measured there against any network of the run's recipe (the ceiling never reads a network's
 features); the ceiling's row goes to remainder_ceiling.csv beside the others, the points' rows to
 results/analysis/remainder_budget.csv, which `make table_remainder_budget` sets beside the figure's.
+Every other setting must be those of the figure's rows of that run (the CPU fixture's: `--batch-size
+128 --lr 0.1 --precision fp32`); a check that would stand beside none of them is refused before any pass.
 """
 
 from dataclasses import replace
+from pathlib import Path
 
 from analysis.probe import LAYERS_HELP, layer_list
 from infopro.analysis import (analyse_runs, chosen_epochs, measure_ceilings, recipe_ceiling, remainder_run,
@@ -42,12 +45,14 @@ from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.config import PRECISIONS
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
-from infopro.records import check_writable, device_slug, write_csv
+from infopro.records import check_writable, device_slug, read_table, write_csv
 from infopro.remainder import STEPS, RemainderSettings
+from infopro.remainder_budget import check_figure_settings
 from infopro.remainder_steps import steps_csv
 from infopro.runs import Run, finished_runs
 
 CEILINGS = "results/analysis/remainder_ceiling.csv"
+FIGURE = "results/analysis/mutual_information.csv"
 
 
 def settings_from(args) -> RemainderSettings:
@@ -67,14 +72,17 @@ def parse_args(argv=None):
     layers.add_argument("--layers", type=layer_list, metavar="L1,L2", help=LAYERS_HELP)
     layers.add_argument("--epochs", type=at_least(1), help="budget (default: the shortest whose ceiling passed)")
     layers.add_argument("--force", action="store_true", help="redo runs already in the CSV")
-    layers.add_argument("--out", default="results/analysis/mutual_information.csv")
-    budget = commands.add_parser("budget", help="some layer points, and their recipe's ceiling, again with a longer budget")
+    layers.add_argument("--out", default=FIGURE)
+    budget = commands.add_parser("budget",
+                                 help="some layer points, and their recipe's ceiling, again with a longer budget")
     budget.add_argument("--reference", required=True, metavar="TEXT", help="the run (id contains TEXT) estimated")
     budget.add_argument("--layers", type=layer_list, required=True, metavar="L1,L2",
                         help="layer points L1,L2,... or 'key': layer 1, the run's module ends and its last")
     budget.add_argument("--epochs", type=at_least(1), help="the longer budget (default: twice the figure's)")
     budget.add_argument("--force", action="store_true", help="redo layer points already in the CSV")
     budget.add_argument("--out", default="results/analysis/remainder_budget.csv")
+    budget.add_argument("--figure", default=FIGURE, help="fig10's rows (`layers`' CSV), which the longer budget's "
+                        "stand beside: the reference's must share every setting but the epochs, checked first")
     steps = commands.add_parser("steps", help="seconds per epoch of a pass, eager against CUDA-graphed steps")
     steps.add_argument("--reference", required=True, metavar="TEXT", help="the run (id contains TEXT) timed")
     steps.add_argument("--out", default="results/bench", help="folder of remainder-steps-<gpu>.csv")
@@ -121,6 +129,10 @@ def estimate_layers(runs: list[Run], args, budgets: dict, device) -> None:
 def longer_budget(args, settings: RemainderSettings, device) -> None:
     """`budget`: --reference's --layers at the longer budget, and its recipe's ceiling there unless measured."""
     reference = reference_run(args.runs, args.reference)
+    if not Path(args.figure).is_file():
+        raise InfoProError(f"{args.figure} is missing: estimate the reference's layer points first (`layers`)")
+    check_figure_settings(read_table(args.figure, "restore it from git, or estimate the layer points again (`layers`)",
+                                     ("run_id", "estimator")), reference.run_id, settings)
     longer = replace(settings, epochs=args.epochs or 2 * figure_epochs(reference, args, settings))
     recipe_ceiling(reference, longer, args.ceilings, device, args.data_root, step=args.step)
     estimate_layers([reference], args, {reference.run_id: longer}, device)

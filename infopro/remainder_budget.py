@@ -39,6 +39,37 @@ def network_points(mi: pd.DataFrame, longer: pd.DataFrame, like: pd.Series) -> t
     return figure, mine
 
 
+# The options of `python -m analysis.remainder` that set a remainder setting, to name in a refusal.
+SETTING_OPTIONS = {"rem_batch_size": "--batch-size", "rem_lr": "--lr", "rem_precision": "--precision"}
+
+
+def check_figure_settings(mi: pd.DataFrame, run_id: str, settings: RemainderSettings) -> None:
+    """Refuse, before any pass, a check of `run_id` that no fig10 row of it could stand beside: one whose
+    `settings` differ from its remainder rows' in more than the epochs (the CPU fixture's rows were made with
+    a smaller batch and lr, in fp32), naming the settings those rows have."""
+    figure = mi[(mi["run_id"] == run_id) & (mi["estimator"] == "remainder")]
+    if figure.empty:
+        raise InfoProError(f"{run_id} has no remainder rows in the figure to set a longer budget's beside: "
+                           "estimate its layer points first (`python -m analysis.remainder layers`)")
+    if same_budget_but_epochs(figure, settings).empty:
+        theirs = "; ".join(differences(row, settings) for _, row in figure.drop_duplicates(
+            list(SETTINGS_BUT_EPOCHS)).iterrows())
+        raise InfoProError(f"{run_id}: its figure rows were estimated with other settings than these, so a longer "
+                           f"budget's rows would stand beside none of them; give theirs: {theirs}")
+
+
+def differences(row: pd.Series, settings: RemainderSettings) -> str:
+    """`row`'s remainder settings that `settings` do not share, as the options that set them."""
+    wanted = settings.as_columns()
+    return " ".join(f"{SETTING_OPTIONS.get(key, key)} {shown_setting(row[key])}" for key in SETTINGS_BUT_EPOCHS
+                    if not equal_as_read(pd.Series([row[key]]), wanted[key]).iloc[0])
+
+
+def shown_setting(value) -> str:
+    """A setting as an option takes it: a count read back as float (10.0, beside the 1c2f rows' blanks) as 10."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
 # Whom a network's points are set against, to tell whether the budget moves a claim's verdict, not only its
 # values: E2E of the same architecture, recipe (its images and schedule) and seed, checked with the same settings.
 E2E_KEYS = ("arch", "recipe", "seed")

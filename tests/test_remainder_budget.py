@@ -7,7 +7,7 @@ import pytest
 
 from infopro.errors import InfoProError
 from infopro.remainder import RemainderSettings
-from infopro.remainder_budget import CEILING, budget_table
+from infopro.remainder_budget import CEILING, budget_table, check_figure_settings
 
 E2E = dict(run_id="e2e-K1-s0", regime="e2e", task_loss="", K=1, seed=0, epochs=160, recipe="r", arch="resnet32")
 
@@ -96,6 +96,19 @@ def test_points_the_figure_lacks_read_as_dashes_and_a_budget_without_figure_rows
         budget_table(pd.DataFrame(rows(30, {1: 0.879}, rem_lr=0.1)), longer, None)
 
 
+def test_a_check_that_no_figure_row_could_stand_beside_is_refused_before_any_pass_naming_the_rows_settings():
+    """The fixture's figure rows were made with batch 128, lr 0.1 and fp32: a check with the GPU's defaults would
+    train for nothing (the table sets no row beside them), so it is refused, with the options that match; a
+    longer budget with every other setting theirs passes, and a run with no remainder rows is refused."""
+    mi = pd.DataFrame(rows(12, {8: 0.70}, rem_batch_size=128, rem_lr=0.1, rem_precision="fp32")
+                      + rows(10, {8: 0.4}, estimator="1c2f"))
+    with pytest.raises(InfoProError, match="give theirs: --batch-size 128 --lr 0.1 --precision fp32$"):
+        check_figure_settings(mi, "e2e-K1-s0", RemainderSettings(epochs=48))
+    check_figure_settings(mi, "e2e-K1-s0", RemainderSettings(epochs=48, batch_size=128, lr=0.1, precision="fp32"))
+    with pytest.raises(InfoProError, match="greedy-K2-s0 has no remainder rows in the figure"):
+        check_figure_settings(mi, "greedy-K2-s0", RemainderSettings(epochs=48))
+
+
 def test_the_ceiling_of_a_recipe_is_trained_once_whichever_network_asks(tmp_path, monkeypatch):
     """A budget check of greedy SL finds E2E's ceiling of the same recipe and budget and trains none; one of
     another recipe or budget does not count, and the mean of those measured is what it reports."""
@@ -148,7 +161,8 @@ def test_the_command_estimates_the_ceiling_and_the_points_again_at_twice_the_fig
                     "--out", str(analysis / "mutual_information.csv"))
     assert made.returncode == 0, made.stderr
     made = run_main("analysis.remainder", "budget", "--reference", "greedy-K2", "--layers", "1,16", *common,
-                    "--out", str(analysis / "remainder_budget.csv"))
+                    "--out", str(analysis / "remainder_budget.csv"),
+                    "--figure", str(analysis / "mutual_information.csv"))
     assert made.returncode == 0, made.stderr
     assert list(pd.read_csv(analysis / "remainder_ceiling.csv")["rem_epochs"]) == [1, 2]
     longer = pd.read_csv(analysis / "remainder_budget.csv")
