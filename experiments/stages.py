@@ -353,7 +353,8 @@ def budget_stage(where: Where, network: str, run_id: str) -> Stage:
                  lambda left: REMAINDER + ["budget", "--reference", run_id, "--layers",
                                            ",".join(map(str, BUDGET_LAYERS)), "--runs", str(where.runs),
                                            "--ceilings", str(where.ceilings), "--out", str(where.budget),
-                                           "--figure", str(where.mi), "--step", remainder_step(where.bench, where.gpu), *where.root],
+                                           "--figure", str(where.mi),
+                                           "--step", remainder_step(where.bench, where.gpu), *where.root],
                  minutes=minutes, reads=lambda: [where.runs / run_id / "model.pt"])
 
 
