@@ -173,7 +173,7 @@ def run_status(config: TrainConfig, root: Path, alone: dict[str, AlonePace] | No
         return RunStatus(state, **gpu)
     seconds = recent_pace(metrics["epoch_seconds"])
     minutes = epochs_left * seconds / 60
-    return RunStatus(state, f"about {minutes:.0f} min left at its recent pace ({seconds:.1f} s an epoch)", minutes,
+    return RunStatus(state, f"{about_minutes(minutes)} left at its recent pace ({seconds:.1f} s an epoch)", minutes,
                      **gpu)
 
 
@@ -196,7 +196,7 @@ def missing_run_status(config: TrainConfig, root: Path) -> RunStatus:
     name = max(paces, key=lambda n: len(paces[n]))
     seconds, seed = recent_pace(paces[name]), name.rsplit("-s", 1)[1]
     minutes = config.epochs * seconds / 60
-    return RunStatus("missing", f"about {minutes:.0f} min at seed {seed}'s recent pace ({seconds:.1f} s an epoch)",
+    return RunStatus("missing", f"{about_minutes(minutes)} at seed {seed}'s recent pace ({seconds:.1f} s an epoch)",
                      minutes)
 
 
@@ -209,13 +209,18 @@ def status_summary(statuses: list[RunStatus], lease_minutes: float | None = None
     return [counts, time_left_line(unfinished)] + ([gpu_time_line(unfinished, lease_minutes)] if unfinished else [])
 
 
+def about_minutes(minutes: float) -> str:
+    """Minutes rounded for a plan, and never "about 0 min" for a run a few epochs short of done."""
+    return "under 1 min" if minutes < 0.5 else f"about {minutes:.0f} min"
+
+
 def time_left_line(unfinished: list[RunStatus]) -> str:
     """The sum of the unfinished runs' minutes left, and how many runs it cannot count."""
     known = [status.minutes_left for status in unfinished if status.minutes_left is not None]
     unknown = len(unfinished) - len(known)
     parts = []
     if known:
-        parts.append(f"about {sum(known):.0f} min of training left in {run_count(len(known))}, each at the pace given")
+        parts.append(f"{about_minutes(sum(known))} of training left in {run_count(len(known))}, each at the pace given")
     if unknown:
         parts.append(f"{run_count(unknown)} not timed (no seed of theirs has run an epoch)")
     return "; ".join(parts) or "nothing left to train"
@@ -231,7 +236,7 @@ def gpu_time_line(unfinished: list[RunStatus], lease_minutes: float | None = Non
     if timed:
         minutes = sum(status.gpu_minutes for status in timed)
         gpus = ", ".join(sorted({status.gpu for status in timed}))
-        parts.append(f"about {minutes:.0f} min of GPU time ({gpus}) in {run_count(len(timed))}, each at the share "
+        parts.append(f"{about_minutes(minutes)} of GPU time ({gpus}) in {run_count(len(timed))}, each at the share "
                      "of the GPU its configuration's recent epochs took" + (
                          f" ({benchmarked} of them at the GPU's epoch benchmark of the configuration, alone)"
                          if benchmarked else ""))

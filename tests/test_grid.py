@@ -191,6 +191,9 @@ def test_the_time_left_counts_the_runs_it_can_time_and_says_how_many_it_cannot()
     assert time_left_line([partial, timed, untimed]) == ("about 3 min of training left in 2 runs, each at the pace "
                                                          "given; 1 run not timed (no seed of theirs has run an epoch)")
     assert time_left_line([timed]) == "about 2 min of training left in 1 run, each at the pace given"
+    # DGL K = 8 stopped at epoch 151 of 160: a few seconds of training are not "about 0 min"
+    assert time_left_line([RunStatus("partial (151/160 epochs)", "", 0.3)]) == (
+        "under 1 min of training left in 1 run, each at the pace given")
     assert time_left_line([]) == "nothing left to train"
 
 
