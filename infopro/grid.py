@@ -16,7 +16,7 @@ from pathlib import Path
 from infopro.cli import stop_children
 from infopro.config import TrainConfig
 from infopro.errors import InfoProError
-from infopro.paces import AlonePace, alone_paces, benchmark_paces, config_key, recent_pace
+from infopro.paces import AlonePace, about_minutes, alone_paces, benchmark_paces, config_key, recent_pace
 from infopro.records import REPO_ROOT, read_json
 from infopro.runs import read_metrics, select_by_run_id
 
@@ -207,11 +207,6 @@ def status_summary(statuses: list[RunStatus], lease_minutes: float | None = None
     counts = ", ".join(f"{states.count(state)} {state}" for state in ("done", "partial", "missing"))
     unfinished = [status for status in statuses if status.state != "done"]
     return [counts, time_left_line(unfinished)] + ([gpu_time_line(unfinished, lease_minutes)] if unfinished else [])
-
-
-def about_minutes(minutes: float) -> str:
-    """Minutes rounded for a plan, and never "about 0 min" for a run a few epochs short of done."""
-    return "under 1 min" if minutes < 0.5 else f"about {minutes:.0f} min"
 
 
 def time_left_line(unfinished: list[RunStatus]) -> str:

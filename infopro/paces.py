@@ -124,3 +124,8 @@ def benchmark_paces(bench: Path) -> dict[tuple, AlonePace]:
             if key not in paces or pace.seconds > paces[key].seconds:
                 paces[key] = pace
     return paces
+
+
+def about_minutes(minutes: float) -> str:
+    """Minutes rounded for a plan, and never "about 0 min" for a run a few epochs short of done."""
+    return "under 1 min" if minutes < 0.5 else f"about {minutes:.0f} min"
