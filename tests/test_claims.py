@@ -51,14 +51,14 @@ def test_the_papers_ordering_waits_for_dgl_then_is_judged_per_k():
     assert row["verdict"] == "partly (K = 2, 4, 8)" and "K = 16: (Contrast) < (Softmax) < Greedy SL < DGL" in row["ours"]
 
 
-def layer_rows(value: str, curves: dict, estimator: str | None = None) -> pd.DataFrame:
+def layer_rows(value: str, curves: dict, estimator: str | None = None, seed: int = 0) -> pd.DataFrame:
     """Analysis rows: {(method, K): [value at layer 1..n]}, a method being a regime or "infopro-<task loss>"."""
     rows = []
     for (method, K), values in curves.items():
         regime, _, task_loss = method.partition("-")
         for layer, v in enumerate(values, start=1):
             rows.append(PAPER_RECIPE | {"run_id": f"{method}-{K}", "regime": regime, "task_loss": task_loss, "K": K,
-                                        "seed": 0, "layer": layer, value: v}
+                                        "seed": seed, "layer": layer, value: v}
                         | ({"estimator": estimator} if estimator else {}))
     return pd.DataFrame(rows)
 
@@ -135,6 +135,23 @@ def test_greedy_is_judged_at_its_key_points_and_at_every_point_between_them_esti
     assert greedy_below_e2e(regained, "ixy_paper", "resnet32") == {2: True, 4: False, 8: True, 16: True}
     no_end = key_only[~((key_only["K"] == 8) & (key_only["layer"] == 6))]  # a module end of K = 8 missing
     assert 8 not in greedy_below_e2e(no_end, "ixy_paper", "resnet32")
+
+
+def test_methods_are_compared_over_the_seeds_both_have_at_a_layer_point():
+    """A third seed read for E2E alone (here far lower) moves no comparison with a network it is not read for,
+    and a seed read at some layer points only does not make E2E's curve uneven."""
+    curves = {("e2e", 1): [0.90] * 16, **{(method, K): [value] * 16 for K in PAPER_KS
+                                          for method, value in [("greedy", 0.85), ("infopro-contrast", 0.89),
+                                                                ("infopro-softmax", 0.89)]}}
+    seeds = pd.concat([with_remainder(curves), layer_rows("ixy_paper", curves, "remainder", seed=1)])
+    low_e2e = layer_rows("ixy_paper", {("e2e", 1): [0.60] * 8}, "remainder", seed=2).query("layer in [1, 2, 4, 8]")
+    rows = pd.concat([seeds, low_e2e], ignore_index=True)
+    greedy = greedy_loses_label_information(rows, IXY_REFERENCE)
+    assert greedy["verdict"] == "holds" and "K = 2 (layer 8): 0.850 vs 0.900" in greedy["ours"]
+    assert infopro_keeps_label_information(rows)["verdict"] == "holds"
+    assert e2e_keeps_label_information(rows, IXY_REFERENCE)["ours"] == "E2E 0.900 to 0.900"
+    with_greedy = pd.concat([rows, layer_rows("ixy_paper", {("greedy", 2): [0.55] * 8}, "remainder", seed=2)])
+    assert "K = 2 (layer 8): 0.750 vs 0.800" in greedy_loses_label_information(with_greedy, IXY_REFERENCE)["ours"]
 
 
 def test_infopro_must_stay_near_e2e_and_above_greedy_at_its_first_module_end():
