@@ -8,7 +8,8 @@ when a result does. A verdict is `holds`, `partly` (holds at some K only), `does
 
 import pandas as pd
 
-from infopro.selection import ANALYSIS_FIGURE_ARCH, PAPER_RANKING, default_estimator, figure_rows, with_method
+from infopro.selection import (ANALYSIS_FIGURE_ARCH, PAPER_RANKING, default_estimator, figure_rows,
+                               seeds_at_every_point, with_method)
 from infopro.splits import key_layer_points, module_ends, num_layer_points
 from infopro.style import METHODS
 
@@ -211,10 +212,10 @@ def curve(rows: pd.DataFrame, method: str, K: int, value: str = "ixy_paper") -> 
 
 
 def complete_curve(rows: pd.DataFrame, method: str, K: int, value: str = "ixy_paper") -> pd.Series:
-    """layer -> the mean `value` of (method, K) over the seeds read at every layer point it has: a span
-    across depth is then never one across seed sets."""
-    own = rows[(rows["method"] == method) & (rows["K"] == K)]
-    return own.pivot_table(index="layer", columns="seed", values=value).dropna(axis=1).mean(axis=1).dropna()
+    """layer -> the mean `value` of (method, K) over the seeds read at every layer point it has, as the
+    figures draw it: a span across depth is then never one across seed sets."""
+    own = seeds_at_every_point(rows[(rows["method"] == method) & (rows["K"] == K)], value)
+    return own.groupby("layer")[value].mean().dropna()
 
 
 def span(values: pd.Series) -> str:

@@ -13,7 +13,7 @@ from matplotlib.ticker import MaxNLocator
 from infopro.analysis import ceilings_beside
 from infopro.errors import InfoProError
 from infopro.plots import curve_seeds_text, footer, local_ks, new_figure, seeds_text, shared_legend
-from infopro.selection import ANALYSIS_FIGURE_ARCH, figure_rows, with_method
+from infopro.selection import ANALYSIS_FIGURE_ARCH, figure_rows, seeds_at_every_point, with_method
 from infopro.splits import num_layer_points
 from infopro.style import K_COLOURS, METHODS, PURPLE, local_methods, styled
 
@@ -30,18 +30,20 @@ MODULE_END = (Line2D([], [], marker="o", ms=6, mfc="white", mec="black", ls=""),
 
 
 def layer_curves(ax, df: pd.DataFrame, value: str, ends: dict[int, list[int]]) -> None:
-    """One line per K: mean of `value` over seeds at each layer, shaded from the lowest to the
-    highest seed where there are several (so a gap between curves can be read against the seed
-    spread); module ends as large markers, the network's last layer point among them (a curve that stops
-    short of it, estimated so far only in part, ends without one)."""
+    """One line per K: mean of `value` over the seeds read at each of its layer points
+    (`selection.seeds_at_every_point`), shaded from the lowest to the highest seed read there where
+    there are several (so a gap between curves can be read against the seed spread); module ends as
+    large markers, the network's last layer point among them (a curve that stops short of it,
+    estimated so far only in part, ends without one)."""
     for K, group in sorted(df.groupby("K"), key=lambda item: item[0]):
         by_layer = group.groupby("layer")[value]
-        means = by_layer.mean()
+        means = seeds_at_every_point(group, value).groupby("layer")[value].mean()
         colour = K_COLOURS.get(K, PURPLE)
         label = "K = 1 (E2E)" if K == 1 else f"K = {K}"
         ax.plot(means.index, means.values, color=colour, lw=1.4, marker="o", ms=2.5, label=label)
         if group["seed"].nunique() > 1:
-            ax.fill_between(means.index, by_layer.min(), by_layer.max(), color=colour, alpha=0.15, lw=0)
+            ax.fill_between(means.index, by_layer.min()[means.index], by_layer.max()[means.index], color=colour,
+                            alpha=0.15, lw=0)
         last = num_layer_points(group["arch"].iloc[0])
         at_ends = [layer for layer in means.index if layer in ends.get(K, []) or layer == last]
         ax.scatter(at_ends, means.loc[at_ends], s=28, color=colour, edgecolor="black", linewidth=0.8, zorder=3)
@@ -49,12 +51,13 @@ def layer_curves(ax, df: pd.DataFrame, value: str, ends: dict[int, list[int]]) -
 
 def layer_table(df: pd.DataFrame, values: str | list[str]) -> pd.DataFrame:
     """The numbers behind a per-layer figure, as its notebook prints them: `values` per layer
-    point, mean over seeds, one column per (network, recipe, method, K, split, and estimator where
-    rows have one). Networks, recipes, splits and estimators stay apart (a 12-epoch fixture averaged
-    with a 160-epoch run means nothing), and E2E and greedy SL, whose task_loss is blank, are
-    columns too."""
+    point, mean over the seeds the figure averages (`selection.seeds_at_every_point`), one column per
+    (network, recipe, method, K, split, and estimator where rows have one). Networks, recipes, splits
+    and estimators stay apart (a 12-epoch fixture averaged with a 160-epoch run means nothing), and
+    E2E and greedy SL, whose task_loss is blank, are columns too."""
     columns = ["arch", "recipe", "method", "K", "split"] + (["estimator"] if "estimator" in df else [])
-    return with_method(df).pivot_table(index="layer", columns=columns, values=values, aggfunc="mean")
+    shown = pd.concat(seeds_at_every_point(rows, values) for _, rows in with_method(df).groupby(columns, dropna=False))
+    return shown.pivot_table(index="layer", columns=columns, values=values, aggfunc="mean")
 
 
 def module_end_table(df: pd.DataFrame) -> dict[int, list[int]]:
@@ -166,9 +169,10 @@ def fig10_mutual_information(mi: pd.DataFrame, reference: pd.DataFrame | None = 
 
 
 def partial_curves_text(mi: pd.DataFrame) -> str:
-    """A footer sentence where some network's curve joins fewer than all its layer points: the remainder
-    estimator reaches the points between module ends last (experiments/stages.py)."""
-    short = any(rows["layer"].nunique() < num_layer_points(rows["arch"].iloc[0]) for _, rows in mi.groupby("run_id"))
+    """A footer sentence where some curve (method, K: its seeds together) joins fewer than all its layer
+    points: the remainder estimator reaches the points between module ends last (experiments/stages.py)."""
+    curves = with_method(mi).groupby(["method", "K"])
+    short = any(rows["layer"].nunique() < num_layer_points(rows["arch"].iloc[0]) for _, rows in curves)
     return (" Curves with fewer markers join only the layer points estimated so far (layer 1, the module ends "
             "and the last come first).") if short else ""
 
@@ -271,9 +275,9 @@ STEM = (Line2D([], [], marker="o", ms=5, mfc="white", mec="grey", ls=""), "layer
 
 def plane_path(ax, rows: pd.DataFrame, method: str, columns=("ixx_normalised", "ixy_normalised")) -> None:
     """One configuration's path through the information plane, layer point by layer point (mean
-    over seeds): an open marker at the stem, large markers at module ends, an arrowhead at the
-    last layer."""
-    means = rows.groupby("layer")[list(columns)].mean()
+    over the seeds read at each of its points): an open marker at the stem, large markers at module
+    ends, an arrowhead at the last layer."""
+    means = seeds_at_every_point(rows, list(columns)).groupby("layer")[list(columns)].mean()
     x, y = means[columns[0]], means[columns[1]]
     label, colour, marker, _ = METHODS[method]
     ax.plot(x, y, color=colour, lw=1.3, marker=marker, ms=2.5, label=label)
@@ -308,8 +312,9 @@ def fig_information_plane(mi: pd.DataFrame) -> Figure:
         ax.set_visible(False)
     shared_legend(figure, axes, [STEM, MODULE_END])
     first = mi.iloc[0]
-    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K', 'layer'])}; each path is the mean over "
-           f"seeds at each layer point, from the stem to the last layer (arrowhead).{partial_curves_text(mi)}",
+    footer(figure, f"{first['arch']}, {recipe}; {seeds_text(mi, ['method', 'K', 'layer'])}; each path is the mean "
+           f"over the seeds read at each of its layer points, from the stem to the last layer (arrowhead)."
+           f"{partial_curves_text(mi)}",
            estimator_text(first, estimator))
     return figure
 

@@ -90,10 +90,13 @@ def seeds_text(df: pd.DataFrame, group: list[str], per: str = "point") -> str:
 def curve_seeds_text(df: pd.DataFrame, per: str = "point") -> str:
     """The seeds behind each point (method, K, layer) or each line (method, K) of a figure's curves, and
     what their shading means where there is some. Per point, because a curve's layer points may have been
-    estimated on different seeds."""
+    estimated on different seeds (a line then averages the seeds read at all of its points,
+    `selection.seeds_at_every_point`)."""
     group = ["method", "K"] + (["layer"] if per == "point" else [])
-    several = df.groupby(group)["seed"].nunique().max() > 1
-    return seeds_text(df, group, per) + ("; shading: lowest to highest seed" if several else "")
+    counts = df.groupby(group)["seed"].nunique()
+    uneven = per == "point" and counts.groupby(level=["method", "K"]).nunique().max() > 1
+    return (seeds_text(df, group, per) + ("; shading: lowest to highest seed" if counts.max() > 1 else "")
+            + ("; a line: the seeds read at all its points" if uneven else ""))
 
 
 def local_ks(df: pd.DataFrame) -> list[int]:

@@ -23,6 +23,17 @@ def with_method(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(method=[method_name(r, t) for r, t in zip(df["regime"], task)])
 
 
+def seeds_at_every_point(rows: pd.DataFrame, values: str | list[str]) -> pd.DataFrame:
+    """`rows` of one network configuration, of the seeds read (any of `values`) at every layer point that any
+    of its seeds is read at; all of them where no seed is. A mean over these never changes seed set from one
+    layer point to the next: a seed estimated at a few points only (the CPU fixture's third, at module ends)
+    would otherwise put a step into a curve that is a difference between seeds."""
+    read = rows.dropna(subset=[values] if isinstance(values, str) else list(values), how="all")
+    points = read.groupby("seed")["layer"].nunique()
+    complete = points.index[points == read["layer"].nunique()]
+    return rows[rows["seed"].isin(complete)] if len(complete) else rows
+
+
 def training_by_recipe(df: pd.DataFrame, by=("recipe",)) -> pd.Series:
     """recipe (or the columns `by`) -> how much training it holds (images x epochs): which recipe is
     the most-trained."""

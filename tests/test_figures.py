@@ -20,7 +20,7 @@ from infopro.local import TASK_LOSSES, regimes
 from infopro.plots import fig_training_curves, off_scale_top
 from infopro.records import read_json
 from infopro.runs import find_runs, schedule_pairs, training_curves
-from infopro.selection import figure_rows, main_recipe, remeasured_times, with_method
+from infopro.selection import figure_rows, main_recipe, remeasured_times, seeds_at_every_point, with_method
 from infopro.style import METHODS
 from infopro.tables import extra_work, mean_std, schedule_check, table2, to_latex
 
@@ -549,16 +549,31 @@ def test_fig8_draws_the_seed_mean_and_shades_the_seed_range_only_where_there_are
         plt.close(figure)
 
 
-def test_fig8_counts_the_seeds_at_each_layer_point_not_per_curve():
-    """Every curve with a second seed at its first eight layer points only: no point has more seeds than its
-    own, so the footer reads 1-2, not the curves' 2."""
+def test_fig8_counts_the_seeds_at_each_layer_point_and_draws_a_line_through_the_seeds_read_at_all_of_them():
+    """Every curve with a second seed, 10 points worse, at its first eight layer points only: no point has
+    more seeds than its own, so the footer reads 1-2, not the curves' 2; the line stays seed 0's, with no
+    step at layer 8 where the second seed ends, and the band reaches the second seed."""
     probes = pd.read_csv(RESULTS / "analysis" / "linear_probe.csv")
     one_seed = probes[(probes["seed"] == 0) & (probes["epochs"] == 12)]
-    early = one_seed[one_seed["layer"] <= 8].assign(seed=1)
+    early = one_seed[one_seed["layer"] <= 8].assign(seed=1, test_error=lambda rows: rows["test_error"] + 10)
     figure = fig8_linear_probes(pd.concat([one_seed, early]), load_reference(RESULTS, "analysis_figure"))
     footer = figure.texts[-1].get_text().replace("\n", " ")
-    assert "n = 1-2 seeds per point; shading: lowest to highest seed" in footer
+    assert "n = 1-2 seeds per point; shading: lowest to highest seed; a line: the seeds read at all its points" \
+        in footer
+    e2e_line = next(line for line in figure.axes[0].get_lines() if line.get_label() == "K = 1 (E2E)")
+    e2e = one_seed[one_seed["regime"] == "e2e"].sort_values("layer")["test_error"]
+    assert list(e2e_line.get_ydata()) == pytest.approx(list(e2e))
+    band = [c for c in figure.axes[0].collections if isinstance(c, PolyCollection)][0].get_paths()[0].vertices[:, 1]
+    assert band.max() == pytest.approx(e2e[e2e.index.isin(early.index)].max() + 10)
     plt.close(figure)
+
+
+def test_a_curve_averages_the_seeds_read_at_all_its_points_or_every_seed_where_none_is():
+    rows = pd.DataFrame({"seed": [0, 0, 0, 1, 1, 2], "layer": [1, 2, 3, 1, 3, 2], "v": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]})
+    assert list(seeds_at_every_point(rows, "v")["seed"]) == [0, 0, 0]
+    assert list(seeds_at_every_point(rows, ["v"])["seed"]) == [0, 0, 0]
+    unread = rows.assign(v=rows["v"].where(rows.index != 2))  # seed 0 without layer 3: no seed has all three
+    assert seeds_at_every_point(unread, "v").equals(unread)
 
 
 def test_the_information_plane_puts_every_method_of_a_k_beside_e2e_on_shared_axes():

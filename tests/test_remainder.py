@@ -360,6 +360,10 @@ def test_the_figure_draws_the_paper_dashed_and_the_ceiling_dotted():
     key_only = pd.DataFrame([row for row in rows if row["K"] == 1 or row["layer"] in (1, 4, 8, 12, 16)])
     footer = " ".join(text.get_text() for text in fig10_mutual_information(key_only, reference, ceilings).texts)
     assert said in footer.replace("\n", " ")
+    second_seed = key_only[key_only["K"] == 4].assign(seed=1, run_id="greedy-K4-s1")  # beside a whole seed 0
+    footer = " ".join(text.get_text() for text in
+                      fig10_mutual_information(pd.concat([pd.DataFrame(rows), second_seed]), reference, ceilings).texts)
+    assert said not in footer.replace("\n", " ")
 
 
 def test_the_figure_marks_module_ends_and_the_last_layer_not_where_a_partial_curve_stops():
