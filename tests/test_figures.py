@@ -666,6 +666,10 @@ def test_the_notebooks_layer_table_keeps_recipes_apart_and_shows_e2e_and_greedy(
         mean = rows.loc[rows["layer"] == 16, "test_error"].mean()
         assert table.loc[16, ("resnet32", recipe, method, K, split)] == pytest.approx(mean)
     assert {"e2e", "greedy"} <= set(table.columns.get_level_values("method"))
+    fixture_e2e = probes[(probes["epochs"] == 12) & (probes["regime"] == "e2e")]
+    partial = fixture_e2e[fixture_e2e["layer"] == 16].assign(seed=9, test_error=99.0)  # one point of a new seed
+    column = ("resnet32", fixture_e2e["recipe"].iloc[0], "e2e", 1, "paper")
+    assert layer_table(pd.concat([probes, partial]), "test_error")[column].equals(table[column])  # as fig8 draws
 
 
 def test_analysis_computes_only_missing_layers_and_keeps_finished_ones(tmp_path):
