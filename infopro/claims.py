@@ -206,15 +206,11 @@ def remainder_rows(mi: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 def curve(rows: pd.DataFrame, method: str, K: int, value: str = "ixy_paper") -> pd.Series:
-    """layer -> the mean `value` of (method, K) over seeds, at the layer points it has."""
+    """layer -> the mean `value` of (method, K) at the layer points it has, over the seeds read at every one
+    of them, as the figures draw it: a span across depth is then never one across seed sets (the paper's
+    read-off values have no seeds)."""
     own = rows[(rows["method"] == method) & (rows["K"] == K)]
-    return own.groupby("layer")[value].mean().dropna()
-
-
-def complete_curve(rows: pd.DataFrame, method: str, K: int, value: str = "ixy_paper") -> pd.Series:
-    """layer -> the mean `value` of (method, K) over the seeds read at every layer point it has, as the
-    figures draw it: a span across depth is then never one across seed sets."""
-    own = seeds_at_every_point(rows[(rows["method"] == method) & (rows["K"] == K)], value)
+    own = seeds_at_every_point(own, value) if "seed" in own else own
     return own.groupby("layer")[value].mean().dropna()
 
 
@@ -249,7 +245,7 @@ def pending_points(missing: str, checks: dict) -> str:
 def e2e_keeps_label_information(mi: pd.DataFrame, reference: pd.DataFrame) -> dict:
     """E2E's I(h,y) level across depth."""
     rows, arch = remainder_rows(mi)
-    ours, missing = complete_curve(rows, "e2e", 1), missing_points(rows, [("e2e", 1)], arch)
+    ours, missing = curve(rows, "e2e", 1), missing_points(rows, [("e2e", 1)], arch)
     level = HOLDS if ours.max() - ours.min() <= IXY_LEVEL else FAILS
     return {"claim": "E2E keeps I(h,y) level across depth",
             "paper": f"E2E {span(curve(paper_curves(reference, 'ixy_paper_units'), 'e2e', 1, 'value'))}",
