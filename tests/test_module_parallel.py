@@ -37,6 +37,16 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """These tests model a terminal's Ctrl-C. A shell's background job (`pytest ... &`) starts with SIGINT
+    ignored, and Python then never raises KeyboardInterrupt, in itself or in the children it starts (an
+    ignored signal stays ignored across exec; a handler resets to the default there)."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, saved)
+
+
 def pipeline(config: TrainConfig, out, **options):
     options = {"data_root": None, "download": False, "resume": False, "time_budget": None} | options
     spawn_ranks(partial(rank_job, config=config, out=out, options=options), config.K, torch.device("cpu"))
@@ -132,6 +142,7 @@ def work_until_stopped(me, pids):
     time.sleep(600)
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_an_interrupted_job_returns_only_once_every_rank_is_gone(tmp_path):
     """Ctrl-C in a notebook or script driving `spawn_ranks`: the caller goes on living, so it must not
     be left with ranks still running or unreaped."""
@@ -163,6 +174,7 @@ def ranks_of(pid: int) -> list[int]:
     (lambda job: job.terminate(), 143, "terminated"),  # kill, timeout, a job scheduler
     (lambda job: os.killpg(job.pid, signal.SIGINT), 130, "interrupted"),  # Ctrl-C reaches the whole group
 ])
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_a_stopped_pipeline_ends_in_one_line_with_no_rank_left_holding_its_run(tmp_path, stop, code, line):
     run = tmp_path / "run"
     job = subprocess.Popen([sys.executable, "-m", "experiments.train_pipeline", "--regime", "greedy", "--K", "2",
