@@ -112,6 +112,17 @@ def remainder_minutes(mi: Path, ceilings: Path, bench: Path, gpu: str | None, po
     return REMAINDER_MARGIN * seconds / 60 + REMAINDER_START_MINUTES
 
 
+def ceiling_measured(ceilings: Path, reference: str, candidates: tuple[int, ...]) -> bool:
+    """Whether the remainder estimator's budget is settled against the run `reference`: a candidate's ceiling
+    came within 2 points of it, or every one of `candidates` (epochs) was measured (then the estimates wait
+    for a person's choice)."""
+    if not ceilings.is_file():
+        return False
+    table = read_table(ceilings, "delete it to measure the ceilings again", ("run_id", "rem_epochs", "within_2_points"))
+    mine = table[table["run_id"] == reference]
+    return (mine["within_2_points"].astype(str) == "True").any() or set(candidates) <= set(mine["rem_epochs"])
+
+
 def longer_ceiling_measured(ceilings: Path, reference: str, times: int) -> bool:
     """Whether `ceilings` holds a ceiling at `times` the budget that the ceiling against the run `reference`
     chose, measured against any network of its recipe (`ceilings_beside`), as `analysis.remainder budget`

@@ -16,8 +16,9 @@ every network's key points), the remaining seeds of Table 2 and DGL, then bf16 t
 runs (evidence before bf16 trains any grid) and Table 3's steps timed compiled, as the grids train.
 A lent machine is lost with everything on it, so a call can pack what it wrote for the way back
 (`experiments.travel.pack`). How long a remainder pass takes, and which of a network's layer points
-fit a call, is `experiments.remainder_plan`'s. The other analyses of finished runs (probes, the 1c2f
-estimates) run on a CPU as well (`make probes mutual-info figures tables`).
+fit a call, is `experiments.remainder_plan`'s; which measurements exist, and what they decide (the
+grids' jobs and step mode), `experiments.measured`'s. The other analyses of finished runs (probes,
+the 1c2f estimates) run on a CPU as well (`make probes mutual-info figures tables`).
 """
 
 import sys
@@ -26,24 +27,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.remainder_plan import (longer_ceiling_measured, missing_points, network_points, points_progress,
-                                       points_that_fit, remainder_minutes, remainder_step, steps_table)
-from infopro.bench_methods import default_methods
+from experiments.measured import (PIPELINE, STEP_TABLE, adds_to, best_jobs, epochs_measured, gpu_files, profiled,
+                                  retimed, steady_jobs_tables, training_step_mode)
+from experiments.remainder_plan import (ceiling_measured, longer_ceiling_measured, missing_points, network_points,
+                                       points_progress, points_that_fit, remainder_minutes, remainder_step, steps_table)
 from infopro.cli import call
-from infopro.epoch_bench import EPOCH_METHODS, EPOCH_MODES, method_key
 from infopro.errors import InfoProError
 from infopro.grid import START_SECONDS, RunStatus, get_grid, grid_status, run_state, status_summary
-from infopro.records import REPO_ROOT, UNKNOWN, read_table
+from infopro.records import REPO_ROOT, UNKNOWN
 from infopro.remainder_steps import steps_csv
-from infopro.step import auto_step_mode, epoch_csv, read_epoch_table
 
 GRID, GRID_DATASET = "table2-resnet32", "cifar10-jpeg"
 DGL_GRID = "table2-dgl-resnet32"  # the baseline row of Table 2: after GRID, which takes the time left
 BF16_GRID = "bf16-twins-resnet32"  # evidence for bf16 before any new grid trains in it: after every fp32 run
 MAX_BATCH_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro:16",
                      "infopro-balanced:2", "infopro-balanced:3", "infopro-balanced:4")
-STEP_TABLE = "resnet110-b1024-fp32-"  # the benchmark's Table 3 step table, before its device slug
-PIPELINE = "pipeline-resnet32-b1024-fp32-"  # the input-pipeline comparison (a ResNet-32 epoch), likewise
 PROFILE_METHODS = ("e2e", "checkpoint", "greedy:4", "infopro:4", "infopro-balanced:4", "infopro:16")
 # Table 3's time claim in the grids' training mode: InfoPro* against E2E (compiling ResNet-110's modules takes
 # minutes a method; checkpointing and offloading step eagerly only).
@@ -88,99 +86,6 @@ class Stage:
 
     def minutes_needed(self) -> float:
         return self.minutes() if callable(self.minutes) else self.minutes
-
-
-def gpu_files(folder: Path, pattern: str) -> list[Path]:
-    """Files matching `pattern` that were measured on a GPU (every CSV name carries its device)."""
-    return [path for path in sorted(folder.glob(pattern)) if "-cpu" not in path.stem]
-
-
-def adds_to(bench: Path, measured: str, gpu: str | None, made: Callable[[str], bool]) -> bool:
-    """Whether what a stage adds to the file `measured<slug>.csv` under `bench` exists (`made(slug)`)
-    for the GPU `gpu` (a device slug; None, when planning: for any GPU that measured one).
-
-    Why: Table 3 and the README set a profile, the idle time and a re-measurement beside the
-    measurement of the same GPU, found by name. A GPU that measured no such file has nothing to
-    add to, and on it the stage counts as done: its lease goes to the grid, instead of to files
-    that would stand beside nothing (and make the stage look done for the GPU that needs them).
-    """
-    slugs = [path.stem.removeprefix(measured) for path in gpu_files(bench, f"{measured}{gpu or '*'}.csv")]
-    if gpu is not None and not slugs:
-        return True
-    return any(made(slug) for slug in slugs)
-
-
-def profiled(bench: Path, gpu: str | None = None) -> bool:
-    """Whether the step table of `gpu` (`adds_to`) has its operator profile and GPU idle-time CSVs
-    beside it; a profile made before the idle-time analysis existed lacks the latter: made again."""
-    return adds_to(bench, STEP_TABLE, gpu, lambda slug: all(
-        (bench / f"{kind}-{STEP_TABLE}{slug}.csv").is_file() for kind in ("profile", "idle")))
-
-
-def retimed(bench: Path, gpu: str | None = None) -> bool:
-    """Whether the step table of `gpu` (`adds_to`) has a twin under `bench`/remeasured/ (same name)
-    that times every method of the default set, beside the input pipeline timed again there.
-
-    Why: the step table and the pipeline comparison of the first lease were measured while a step
-    still copied to and from the host (each copy made the host wait for the GPU's queue); the `retime`
-    stage times them again with the current step, and Table 3 shows those times
-    (`infopro.figures.with_remeasured_times`). A call cut short leaves methods out: it runs again.
-    """
-    remeasured = bench / "remeasured"
-    return adds_to(bench, STEP_TABLE, gpu, lambda slug: times_every_method(remeasured / f"{STEP_TABLE}{slug}.csv")
-                   and (remeasured / f"{PIPELINE}{slug}.csv").is_file())
-
-
-def times_every_method(table: Path) -> bool:
-    """Whether the step table `table` exists and holds every method of the default set."""
-    return table.is_file() and set(default_methods("resnet110")) <= set(
-        read_table(table, "delete it to time the methods again", ("method",))["method"])
-
-
-def steady_jobs_tables(bench: Path, gpu: str | None = None) -> list:
-    """The `grid --measure-jobs` tables of `gpu` (None: any GPU) that counted images/s only while every run
-    trained at once (their `window_seconds`); an older file added up the last epochs of runs that had
-    not all overlapped, which overstated what several runs at once give."""
-    tables = [read_table(path, "delete it to measure again with `grid --measure-jobs`", ("jobs", "best"))
-              for path in gpu_files(bench, f"grid-jobs-{GRID}-{gpu or '*'}.csv")]
-    return [table for table in tables if "window_seconds" in table.columns]
-
-
-def best_jobs(bench: Path, gpu: str | None) -> int:
-    """The number of concurrent trainings that gave the most images/s on `gpu` (1 if unmeasured)."""
-    tables = steady_jobs_tables(bench, gpu)
-    if not tables:
-        return 1
-    return int(tables[-1].loc[tables[-1]["best"], "jobs"].iloc[0])
-
-
-def epoch_tables(bench: Path, gpu: str | None = None) -> list:
-    """The epoch benchmark's tables of `gpu` (None: any GPU)."""
-    return [read_epoch_table(path) for path in gpu_files(bench, epoch_csv(bench, gpu or "*").name)]
-
-
-def epochs_measured(bench: Path, gpu: str | None = None) -> bool:
-    """Whether the epoch benchmark of `gpu` (None: any GPU) timed every method of it in every fp32 step mode."""
-    wanted = {(*method_key(method), mode) for method in EPOCH_METHODS for mode in EPOCH_MODES}
-    fp32 = [table[table["precision"] == "fp32"] for table in epoch_tables(bench, gpu)]
-    return any(wanted <= set(zip(table["method"], table["K"], table["mode"])) for table in fp32)
-
-
-def training_step_mode(bench: Path, gpu: str | None) -> str:
-    """The step mode the grids train in on `gpu`, named in their command: the fastest fp32 mode its epoch
-    benchmark under `bench` measured for a run's process, compiling included, else eager
-    (`infopro.step.auto_step_mode`); `auto` when only planning, the GPU unknown."""
-    return auto_step_mode(gpu, bench) if gpu else "auto"
-
-
-def ceiling_measured(ceilings: Path) -> bool:
-    """Whether the remainder estimator's budget is settled: a candidate's ceiling came within 2 points of
-    the reference, or every candidate was measured (then the estimates wait for a person's choice)."""
-    if not ceilings.is_file():
-        return False
-    table = read_table(ceilings, "delete it to measure the ceilings again", ("run_id", "rem_epochs", "within_2_points"))
-    mine = table[table["run_id"] == REMAINDER_REFERENCE]
-    return (mine["within_2_points"].astype(str) == "True").any() or set(REMAINDER_CANDIDATES) <= set(mine["rem_epochs"])
 
 
 PYTHON = [sys.executable, "-m"]
@@ -295,7 +200,7 @@ def ceiling_stage(where: Where) -> Stage:
     return Stage("remainder-ceiling", "the remainder estimator's budget: a ResNet-32 trained from the image with "
                                       f"{', '.join(map(str, REMAINDER_CANDIDATES))} epochs until one comes within 2 "
                                       "points of E2E's test accuracy",
-                 lambda: ceiling_measured(where.ceilings),
+                 lambda: ceiling_measured(where.ceilings, REMAINDER_REFERENCE, REMAINDER_CANDIDATES),
                  lambda left: REMAINDER + ["ceiling", "--reference", REMAINDER_REFERENCE, "--candidates",
                                            *map(str, REMAINDER_CANDIDATES), "--runs", str(where.runs),
                                            "--ceilings", str(where.ceilings), *where.root],
@@ -383,7 +288,7 @@ def between_stages(where: Where, networks: tuple[str, ...]) -> list[Stage]:
 def grid_jobs_stage(where: Where) -> Stage:
     """How many trainings at once the grids run, measured just before them."""
     return Stage("grid-jobs", f"how many trainings at once fill the GPU ({GRID}), counted while all of them train",
-                 lambda: bool(steady_jobs_tables(where.bench, where.gpu)),
+                 lambda: bool(steady_jobs_tables(where.bench, GRID, where.gpu)),
                  lambda left: PYTHON + ["experiments.grid", GRID, *where.data, "--measure-jobs", "1", "2", "4",
                                         "--step", training_step_mode(where.bench, where.gpu),
                                         "--bench-out", str(where.bench)],
@@ -400,7 +305,8 @@ def grid_stage(where: Where, name: str, grid_name: str, seeds: tuple[int, ...] |
     return Stage(name, f"the {grid_name} grid on {GRID_DATASET}, {which}, resumable",
                  lambda: all(run_state(config, runs) == "done" for config in configs),
                  lambda left: PYTHON + ["experiments.grid", grid_name, *where.data,
-                                        "--jobs", str(best_jobs(bench, gpu)), "--step", training_step_mode(bench, gpu),
+                                        "--jobs", str(best_jobs(bench, GRID, gpu)),
+                                        "--step", training_step_mode(bench, gpu),
                                         "--time-budget", f"{left:.1f}", "--out", str(runs)]
                  + (["--seeds", *map(str, seeds)] if seeds else []) + (["--only", *only] if only else []),
                  minutes=lambda: grid_minutes(grid_status(configs, runs, bench)),

@@ -17,7 +17,8 @@ from conftest import REPO, run_main
 from infopro.bench_methods import default_methods
 from infopro.errors import InfoProError
 from infopro.records import git_state
-from experiments.stages import Stage, best_jobs, check_code_is_named, run_stages, stages
+from experiments.measured import best_jobs
+from experiments.stages import Stage, check_code_is_named, run_stages, stages
 from experiments.travel import pack, results_since
 
 
@@ -246,12 +247,12 @@ def test_plan_counts_only_gpu_results_and_gives_the_grid_its_measured_jobs_and_t
     assert plan["profile"].done() and not plan["profile-resnet32"].done()
     (bench / "idle-resnet32-b1024-fp32-nvidia-h100.csv").touch()
     assert plan["profile-resnet32"].done()
-    assert best_jobs(bench, None) == 1
+    assert best_jobs(bench, "table2-resnet32", None) == 1
     retime = plan["retime"].command(9.0)
     assert retime[retime.index("--out") + 1] == str(bench.resolve() / "remeasured")
     jobs = bench / "grid-jobs-table2-resnet32-nvidia-h100.csv"
     pd.DataFrame({"jobs": [1, 2, 4], "best": [False, True, False]}).to_csv(jobs, index=False)
-    assert not plan["grid-jobs"].done() and best_jobs(bench, None) == 1  # summed runs that did not all overlap
+    assert not plan["grid-jobs"].done() and best_jobs(bench, "table2-resnet32", None) == 1  # summed runs that did not all overlap
     pd.DataFrame({"jobs": [1, 2, 4], "best": [False, True, False], "window_seconds": [9.0, 8.0, 7.0]}).to_csv(
         jobs, index=False)
     assert plan["grid-jobs"].done()
