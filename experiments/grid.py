@@ -30,8 +30,8 @@ from infopro.cli import ArgumentParser, at_least, positive, run
 from infopro.data import DATASETS, dataset_source
 from infopro.device import resolve_device
 from infopro.errors import InfoProError
-from infopro.grid import (GRIDS, MEASURED_EPOCHS, RunsFailed, get_grid, grid_status, measure_jobs, run_grid,
-                          run_state, status_summary)
+from infopro.grid import GRIDS, MEASURED_EPOCHS, RunsFailed, get_grid, measure_jobs, run_grid
+from infopro.grid_status import grid_status, run_state, status_summary
 from infopro.records import check_writable, device_slug
 from infopro.step import STEP_MODES
 

@@ -33,7 +33,8 @@ from experiments.remainder_plan import (ceiling_measured, longer_ceiling_measure
                                        points_progress, points_that_fit, remainder_minutes, remainder_step, steps_table)
 from infopro.cli import call
 from infopro.errors import InfoProError
-from infopro.grid import START_SECONDS, RunStatus, get_grid, grid_status, run_state, status_summary
+from infopro.grid import START_SECONDS, get_grid
+from infopro.grid_status import RunStatus, grid_status, run_state, status_summary
 from infopro.records import REPO_ROOT, UNKNOWN
 from infopro.remainder_steps import steps_csv
 

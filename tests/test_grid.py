@@ -14,8 +14,8 @@ import pytest
 from conftest import REPO, assert_free, run_cli, run_main, unfinished_copy
 from infopro.config import TrainConfig, method_name
 from infopro.errors import InfoProError
-from infopro.grid import (RunStatus, get_grid, measure_jobs, run_grid, run_state, run_status, steady_window,
-                          time_left_line, train_command)
+from infopro.grid import get_grid, measure_jobs, run_grid, steady_window, train_command
+from infopro.grid_status import RunStatus, run_state, run_status, time_left_line
 from infopro.selection import TABLE3_METHODS, run_of_method
 from infopro.train import train
 

@@ -6,7 +6,8 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from infopro.grid import RunStatus, get_grid, gpu_time_line, grid_status, status_summary
+from infopro.grid import get_grid
+from infopro.grid_status import RunStatus, gpu_time_line, grid_status, status_summary
 from infopro.paces import AlonePace, alone_paces, shared_seconds
 
 
