@@ -6,9 +6,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from infopro.config import TrainConfig
-from infopro.paces import AlonePace, about_minutes, alone_paces, benchmark_paces, config_key, recent_pace
+from infopro.paces import (AlonePace, ShareRatio, about_minutes, alone_paces, benchmark_paces, config_key, gpu_of,
+                           recent_pace, share_ratio)
 from infopro.records import read_json
 from infopro.runs import read_metrics
+
 
 def run_state(config: TrainConfig, root: Path) -> str:
     """'done', 'partial (e/E epochs)' or 'missing', from the files in the run's directory."""
@@ -26,7 +28,8 @@ class RunStatus:
     """What planning GPU time needs of one run: its state (`run_state`), a finished run's test
     error or an unfinished run's time left as text, that time in minutes (None: not known), and the
     minutes of `gpu`'s time it needs (None: no epoch of its configuration records its share of a GPU,
-    `infopro.paces.alone_paces`, and no epoch benchmark timed it; `gpu_benchmark`: the benchmark did)."""
+    `infopro.paces.alone_paces`, no epoch benchmark timed it and no pace on a GPU can be scaled;
+    `gpu_benchmark`: the benchmark timed it; `gpu_scaled`: the ratio that scaled its pace)."""
 
     state: str
     detail: str = ""
@@ -34,41 +37,47 @@ class RunStatus:
     gpu_minutes: float | None = None
     gpu: str = ""
     gpu_benchmark: bool = False
+    gpu_scaled: ShareRatio | None = None
+
+
+@dataclass(frozen=True)
+class WallPace:
+    """The seconds per epoch an unfinished run is planned at, as measured on whatever machine and beside
+    however many runs, and the run directory whose recent epochs they are."""
+
+    seconds: float
+    run: Path
 
 
 def grid_status(configs: list[TrainConfig], root: Path, bench: Path | None = None) -> list[RunStatus]:
     """`run_status` of each of `configs`, the GPU shares read once from every run under `root` and from
-    the epoch benchmarks under `bench`."""
+    the epoch benchmarks under `bench`, and their ratio to the paces beside others (`share_ratio`)."""
     alone = alone_paces(root) if root.is_dir() else {}
     benchmarked = benchmark_paces(bench) if bench is not None and bench.is_dir() else {}
-    return [run_status(config, root, alone, benchmarked) for config in configs]
+    ratio = share_ratio(root, benchmarked, alone) if benchmarked and root.is_dir() else None
+    return [run_status(config, root, alone, benchmarked, ratio) for config in configs]
 
 
 def run_status(config: TrainConfig, root: Path, alone: dict[str, AlonePace] | None = None,
-               benchmarked: dict[tuple, AlonePace] | None = None) -> RunStatus:
-    """A finished run's final test error; an unfinished run's minutes left at its recent pace
-    (`recent_pace`); a missing run's at the recent pace of the same configuration at another seed.
-    Every such pace is as measured, on whatever machine and with however many runs beside it; the GPU
-    minutes come from `alone` (`grid_status`): the run's own share of its GPU, else another seed's, else
-    from `benchmarked`: the epoch benchmark of its configuration, which trained alone."""
-    state, run, alone = run_state(config, root), root / config.run_id(), alone or {}
+               benchmarked: dict[tuple, AlonePace] | None = None, ratio: ShareRatio | None = None) -> RunStatus:
+    """A finished run's final test error; an unfinished run's minutes left at its recent pace, or at
+    another seed's before it has run an epoch (`wall_pace`), and the GPU minutes it needs (`gpu_pace`)."""
+    state, run = run_state(config, root), root / config.run_id()
     if state == "done":
         error = read_json(run / "summary.json", ("final_test_error",))["final_test_error"]
         return RunStatus(state, f"{error:.2f}% test error")
-    metrics = read_metrics(run, ("epoch_seconds",)) if state != "missing" else None
-    epochs_left = config.epochs - (0 if metrics is None else len(metrics))
-    pace = next((alone[name] for name in (config.run_id(), *other_seeds(config, alone)) if name in alone),
-                (benchmarked or {}).get(config_key(config)))
-    gpu = {} if pace is None else dict(gpu_minutes=epochs_left * pace.seconds / 60, gpu=pace.device,
-                                       gpu_benchmark=pace.benchmark)
-    if metrics is None:
-        return replace(missing_run_status(config, root), **gpu)
-    if metrics.empty:
-        return RunStatus(state, **gpu)
-    seconds = recent_pace(metrics["epoch_seconds"])
-    minutes = epochs_left * seconds / 60
-    return RunStatus(state, f"{about_minutes(minutes)} left at its recent pace ({seconds:.1f} s an epoch)", minutes,
-                     **gpu)
+    epochs_left = config.epochs - (0 if state == "missing" else len(read_metrics(run, ("epoch_seconds",))))
+    wall = wall_pace(config, root)
+    status = RunStatus(state)
+    if wall is not None:
+        minutes = epochs_left * wall.seconds / 60
+        whose = "its" if wall.run == run else f"seed {wall.run.name.rsplit('-s', 1)[1]}'s"
+        left = " left" if state != "missing" else ""
+        status = RunStatus(state, f"{about_minutes(minutes)}{left} at {whose} recent pace ({wall.seconds:.1f} s an "
+                           "epoch)", minutes)
+    pace = gpu_pace(config, alone or {}, benchmarked or {}, ratio, wall)
+    return status if pace is None else replace(status, gpu_minutes=epochs_left * pace.seconds / 60, gpu=pace.device,
+                                               gpu_benchmark=pace.benchmark, gpu_scaled=pace.scaled)
 
 
 def other_seeds(config: TrainConfig, run_ids) -> list[str]:
@@ -77,21 +86,32 @@ def other_seeds(config: TrainConfig, run_ids) -> list[str]:
     return sorted(name for name in run_ids if name.rsplit("-s", 1)[0] == stem and name != config.run_id())
 
 
-def missing_run_status(config: TrainConfig, root: Path) -> RunStatus:
-    """A run not yet started, timed by the recent pace of the other seed of its configuration that
-    ran the most epochs."""
+def wall_pace(config: TrainConfig, root: Path) -> WallPace | None:
+    """The run's `recent_pace` once it has run an epoch, else that of the seed of its configuration that
+    ran the most epochs; None where no seed has."""
     stem = config.run_id().rsplit("-s", 1)[0]
-    others = [root / name for name in other_seeds(config, (run.name for run in root.glob(f"{stem}-s*")))
-              if (root / name / "metrics.csv").exists()]
-    paces = {run.name: read_metrics(run, ("epoch_seconds",))["epoch_seconds"] for run in others}
-    paces = {name: seconds for name, seconds in paces.items() if len(seconds)}
+    runs = [root / config.run_id()] + [root / name for name in other_seeds(
+        config, (run.name for run in root.glob(f"{stem}-s*")))]
+    paces = {run: read_metrics(run, ("epoch_seconds",))["epoch_seconds"] for run in runs
+             if (run / "metrics.csv").exists()}
+    paces = {run: seconds for run, seconds in paces.items() if len(seconds)}
     if not paces:
-        return RunStatus("missing")
-    name = max(paces, key=lambda n: len(paces[n]))
-    seconds, seed = recent_pace(paces[name]), name.rsplit("-s", 1)[1]
-    minutes = config.epochs * seconds / 60
-    return RunStatus("missing", f"{about_minutes(minutes)} at seed {seed}'s recent pace ({seconds:.1f} s an epoch)",
-                     minutes)
+        return None
+    run = runs[0] if runs[0] in paces else max(paces, key=lambda r: len(paces[r]))
+    return WallPace(recent_pace(paces[run]), run)
+
+
+def gpu_pace(config: TrainConfig, alone: dict[str, AlonePace], benchmarked: dict[tuple, AlonePace],
+             ratio: ShareRatio | None, wall: WallPace | None) -> AlonePace | None:
+    """The GPU time per epoch of the run: its own share of its GPU (`alone`), else another seed's, else the
+    epoch benchmark of its configuration, which trained alone (`benchmarked`), else its pace beside others
+    on a GPU times the benchmark's ratio to such paces (`share_ratio`); None where none of them exists."""
+    shared = next((alone[name] for name in (config.run_id(), *other_seeds(config, alone)) if name in alone), None)
+    if shared is not None or config_key(config) in benchmarked:
+        return shared or benchmarked[config_key(config)]
+    if ratio is None or wall is None or not (wall.run / "config.json").is_file() or gpu_of(wall.run) is None:
+        return None
+    return AlonePace(wall.seconds * ratio.median, ratio.device, scaled=ratio)
 
 
 def status_summary(statuses: list[RunStatus], lease_minutes: float | None = None) -> list[str]:
@@ -117,25 +137,37 @@ def time_left_line(unfinished: list[RunStatus]) -> str:
 
 def gpu_time_line(unfinished: list[RunStatus], lease_minutes: float | None = None) -> str:
     """The GPU time the unfinished runs need, counted from each epoch's share of its GPU
-    (`infopro.paces`), not from paces measured beside an unrecorded number of other runs; and, with
-    `lease_minutes`, the leases it takes at least (were every minute of a lease training)."""
+    (`infopro.paces`), not from paces measured beside an unrecorded number of other runs unless scaled by
+    a measured ratio (said so, with the ratio); and, with `lease_minutes`, the leases it takes at least
+    (were every minute of a lease training)."""
     timed = [status for status in unfinished if status.gpu_minutes is not None]
-    untimed, benchmarked = len(unfinished) - len(timed), sum(status.gpu_benchmark for status in timed)
+    untimed = len(unfinished) - len(timed)
     parts = []
     if timed:
         minutes = sum(status.gpu_minutes for status in timed)
         gpus = ", ".join(sorted({status.gpu for status in timed}))
         parts.append(f"{about_minutes(minutes)} of GPU time ({gpus}) in {run_count(len(timed))}, each at the share "
-                     "of the GPU its configuration's recent epochs took" + (
-                         f" ({benchmarked} of them at the GPU's epoch benchmark of the configuration, alone)"
-                         if benchmarked else ""))
+                     "of the GPU its configuration's recent epochs took" + gpu_sources(timed))
         if lease_minutes:
             leases = math.ceil(minutes / lease_minutes)
             parts.append(f"at least {leases} lease{'s' * (leases != 1)} of {lease_minutes:g} device-minutes")
     if untimed:
         parts.append(f"{run_count(untimed)} without a GPU share on record (no epoch of their configuration on a GPU "
-                     "recorded when it ran, and no epoch benchmark of it)")
+                     "recorded when it ran, no epoch benchmark of it and no pace of it on a GPU to scale)")
     return "; ".join(parts)
+
+
+def gpu_sources(timed: list[RunStatus]) -> str:
+    """How many of the `timed` runs took the epoch benchmark's time, and how many a scaled pace, with the
+    ratio: ' (...)', or '' where every one took its configuration's own share."""
+    benchmarked = sum(status.gpu_benchmark for status in timed)
+    scaled = [status.gpu_scaled for status in timed if status.gpu_scaled is not None]
+    parts = [f"{benchmarked} of them at the GPU's epoch benchmark of the configuration, alone"] if benchmarked else []
+    for ratio in dict.fromkeys(scaled):
+        parts.append(f"{scaled.count(ratio)} at their pace beside other runs times {ratio.median:.2f}, the median "
+                     f"ratio of the benchmark to such a pace over {run_count(len(ratio.ratios))} "
+                     f"({min(ratio.ratios):.2f} to {max(ratio.ratios):.2f})")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def run_count(n: int) -> str:

@@ -6,7 +6,9 @@ seconds per epoch are then no measure of the GPU time it needs; the GPU time of 
 evenly among the epochs running at that moment, is. So an epoch's share is its training interval
 (metrics.csv's `ended_at` and `epoch_seconds`), each moment of it divided by the number of epochs of
 runs on the same GPU model running then. Epochs from before `ended_at` was recorded have no interval
-and no share: their runs keep only wall-clock paces, beside an unrecorded number of other runs.
+and no share: their runs keep only wall-clock paces, beside an unrecorded number of other runs. Where
+an epoch benchmark timed a configuration alone, its ratio to such paces of that configuration's runs
+prices the paces of the others (`share_ratio`), and a plan that uses it says so.
 """
 
 import statistics
@@ -23,13 +25,28 @@ RECENT_EPOCHS = 10  # the epochs whose median sets a run's pace (`recent_pace`)
 
 
 @dataclass(frozen=True)
+class ShareRatio:
+    """What a GPU's epoch benchmark took of the pace of runs that trained beside an unrecorded number of
+    others (`share_ratio`): one ratio per such run, and the benchmark's GPU."""
+
+    ratios: tuple[float, ...]
+    device: str
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.ratios))
+
+
+@dataclass(frozen=True)
 class AlonePace:
     """Seconds of a GPU's time per epoch of one run (`recent_pace` of its timed epochs' shares), and the GPU;
-    `benchmark`: timed by the GPU's epoch benchmark of its configuration instead (`benchmark_paces`)."""
+    `benchmark`: timed by the GPU's epoch benchmark of its configuration instead (`benchmark_paces`);
+    `scaled`: a pace beside other runs times that ratio instead (`share_ratio`)."""
 
     seconds: float
     device: str
     benchmark: bool = False
+    scaled: ShareRatio | None = None
 
 
 def recent_pace(epoch_seconds: Sequence[float]) -> float:
@@ -124,6 +141,25 @@ def benchmark_paces(bench: Path) -> dict[tuple, AlonePace]:
             if key not in paces or pace.seconds > paces[key].seconds:
                 paces[key] = pace
     return paces
+
+
+def share_ratio(root: Path, benchmarked: dict[tuple, AlonePace], alone: dict[str, AlonePace]) -> ShareRatio | None:
+    """For each run under `root` last trained on a GPU with no share of it on record (not in `alone`: its
+    epochs ran before `ended_at`, beside an unrecorded number of other runs) whose configuration an epoch
+    benchmark timed (`benchmarked`): the benchmark's seconds per epoch over the run's recent pace. What
+    such a pace is worth in GPU time where neither a share nor a benchmark says; None without such a
+    run. Where benchmarks of several GPUs enter, the GPU with the largest median plans (the slowest)."""
+    ratios: dict[str, list[float]] = {}
+    for run in sorted(path.parent for path in root.glob("*/metrics.csv")):
+        if run.name in alone or not (run / "config.json").is_file() or gpu_of(run) is None:
+            continue
+        record = read_json(run / "config.json", ("config",))
+        pace = benchmarked.get(config_key(TrainConfig.from_dict(record["config"])))
+        seconds = read_metrics(run, ("epoch_seconds",))["epoch_seconds"]
+        if pace is not None and len(seconds):
+            ratios.setdefault(pace.device, []).append(pace.seconds / recent_pace(seconds))
+    found = [ShareRatio(tuple(values), device) for device, values in sorted(ratios.items())]
+    return max(found, key=lambda ratio: ratio.median, default=None)
 
 
 def about_minutes(minutes: float) -> str:

@@ -221,7 +221,7 @@ def test_make_status_lists_the_grid_in_the_results_given(tmp_path):
     assert lines[0] == "== cpu-fixture" and lines[-3:] == [
         "0 done, 0 partial, 17 missing", "17 runs not timed (no seed of theirs has run an epoch)",
         "17 runs without a GPU share on record (no epoch of their configuration on a GPU recorded when it ran, "
-        "and no epoch benchmark of it)"]
+        "no epoch benchmark of it and no pace of it on a GPU to scale)"]
     assert "cifar10-jpeg-resnet32-e2e-K1-n10000-e12-b128-s0" in status.stdout  # the committed runs' dataset
     both = subprocess.run(["make", "-s", "status", f"RESULTS={tmp_path}"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)  # by default, Table 2's two grids: the methods', then DGL's row

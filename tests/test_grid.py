@@ -169,7 +169,7 @@ def test_status_gives_each_runs_error_or_time_left_and_the_time_left_in_all(tmp_
         "2 runs not timed (no seed of theirs has run an epoch)",
         # the committed K = 8 runs trained before each epoch recorded when it ran: no GPU share
         "5 runs without a GPU share on record (no epoch of their configuration on a GPU recorded when it ran, "
-        "and no epoch benchmark of it)"]
+        "no epoch benchmark of it and no pace of it on a GPU to scale)"]
 
 
 def test_a_runs_pace_is_its_last_ten_epochs_median(tmp_path):

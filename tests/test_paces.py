@@ -1,14 +1,15 @@
 """Paces to plan GPU time with: each epoch's share of a GPU that runs shared, and a grid's GPU time left."""
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pandas as pd
 import pytest
 
 from infopro.grid import get_grid
 from infopro.grid_status import RunStatus, gpu_time_line, grid_status, status_summary
-from infopro.paces import AlonePace, alone_paces, shared_seconds
+from infopro.config import TrainConfig
+from infopro.paces import AlonePace, ShareRatio, alone_paces, benchmark_paces, share_ratio, shared_seconds
 
 
 def test_an_interval_alone_keeps_its_length_and_overlaps_split_each_moment_evenly():
@@ -22,12 +23,14 @@ def test_an_interval_alone_keeps_its_length_and_overlaps_split_each_moment_evenl
     assert shared_seconds([(0, 0), (0, 4), (4, 8)]) == [0, 4, 4]
 
 
-def write_run(root, run_id, gpu, intervals, ended_at=True):
-    """A run directory whose epochs trained over the given (start, end) Unix seconds, last on `gpu` (None: a CPU)."""
+def write_run(root, run_id, gpu, intervals, ended_at=True, config=None):
+    """A run directory whose epochs trained over the given (start, end) Unix seconds, last on `gpu` (None: a CPU);
+    `config`: the TrainConfig its config.json records."""
     run = root / run_id
     run.mkdir(parents=True)
     device = {"device": "cuda", "device_name": gpu} if gpu else {"device": "cpu", "device_name": "some CPU"}
-    (run / "config.json").write_text(json.dumps({"run_id": run_id, "provenance": device}))
+    record = {"run_id": run_id, "provenance": device} | ({"config": asdict(config)} if config else {})
+    (run / "config.json").write_text(json.dumps(record))
     metrics = pd.DataFrame({"epoch": range(1, len(intervals) + 1),
                             "epoch_seconds": [end - start for start, end in intervals]})
     if ended_at:
@@ -72,7 +75,8 @@ def test_the_gpu_time_left_comes_from_each_runs_share_or_another_seeds(tmp_path)
     assert status_summary(statuses, lease_minutes=15)[-1] == (
         "about 16 min of GPU time (H200) in 2 runs, each at the share of the GPU its configuration's recent "
         "epochs took; at least 2 leases of 15 device-minutes; 2 runs without a GPU share on record (no epoch of their "
-        "configuration on a GPU recorded when it ran, and no epoch benchmark of it)")
+        "configuration on a GPU recorded when it ran, no epoch benchmark of it and no pace of it on a GPU to "
+        "scale)")
 
 
 def test_the_gpu_time_line_counts_leases_only_when_asked_and_only_of_the_runs_it_can_time():
@@ -81,8 +85,8 @@ def test_the_gpu_time_line_counts_leases_only_when_asked_and_only_of_the_runs_it
                                       "its configuration's recent epochs took")
     assert gpu_time_line([timed], lease_minutes=10).endswith("; at least 2 leases of 10 device-minutes")
     assert gpu_time_line([untimed], lease_minutes=10) == ("1 run without a GPU share on record (no epoch of their "
-                                                          "configuration on a GPU recorded when it ran, and no epoch "
-                                                          "benchmark of it)")
+                                                          "configuration on a GPU recorded when it ran, no epoch "
+                                                          "benchmark of it and no pace of it on a GPU to scale)")
 
 
 def write_epoch_bench(bench, gpu_slug, rows):
@@ -115,3 +119,41 @@ def test_a_run_without_a_share_takes_its_gpus_epoch_benchmark_of_its_configurati
     write_run(runs, configs[0].run_id(), "NVIDIA-H200", [(3.0 * i, 3.0 * i + 3) for i in range(10)])
     status = grid_status(configs, runs, bench)[0]
     assert (status.gpu_minutes, status.gpu_benchmark) == (150 * 3.0 / 60, False)
+
+
+def test_a_pace_beside_other_runs_is_scaled_by_what_the_benchmark_took_of_such_paces(tmp_path):
+    """E2E and greedy SL K = 4 trained at 5 s an epoch on an H100 beside an unrecorded number of other runs (before
+    `ended_at`); the H200's epoch benchmark timed them alone at 1 and 1.5 s: ratios 0.2 and 0.3. InfoPro (Contrast)
+    K = 2, never benchmarked, trained at 6 s an epoch so: its seed 1 needs 160 epochs of 6 s times 0.25 of the H200.
+    A run with a share of its own and one on a CPU add no ratio; a pace measured on a CPU is not scaled."""
+    def config(regime, K, seed=0, **more):
+        return TrainConfig(regime=regime, K=K, dataset="cifar10-jpeg", seed=seed, **more)
+
+    runs, bench = tmp_path / "runs", tmp_path / "bench"
+
+    def trained(config, gpu, seconds, ended_at=False):  # ten epochs of `seconds` each
+        write_run(runs, config.run_id(), gpu, [(seconds * i, seconds * i + seconds) for i in range(10)], ended_at,
+                  config)
+
+    trained(config("e2e", 1), "H100", 5.0)
+    trained(config("greedy", 4), "H100", 5.0)
+    trained(config("e2e", 1, 1), "H100", 3.0, ended_at=True)  # a share of its own
+    trained(config("greedy", 4, 1), None, 600.0)
+    contrast, softmax = config("infopro", 2, task_loss="contrast"), config("infopro", 2, task_loss="softmax")
+    trained(contrast, "H100", 6.0)
+    trained(softmax, None, 600.0)
+    timed = dict(mode="eager", compile_seconds=1.0)
+    write_epoch_bench(bench, "nvidia-h200", [dict(method="e2e", K=1, epoch_seconds=1.0) | timed,
+                                             dict(method="greedy", K=4, epoch_seconds=1.5) | timed])
+    ratio = share_ratio(runs, benchmark_paces(bench), alone_paces(runs))
+    assert ratio == ShareRatio((0.2, 0.3), "NVIDIA-H200") and ratio.median == 0.25
+    assert share_ratio(runs, {}, alone_paces(runs)) is None
+    statuses = grid_status([replace(contrast, seed=1), replace(softmax, seed=1)], runs, bench)
+    assert (statuses[0].gpu_minutes, statuses[0].gpu, statuses[0].gpu_scaled) == pytest.approx(
+        (160 * 6.0 * 0.25 / 60, "NVIDIA-H200", ratio))
+    assert statuses[1].gpu_minutes is None  # its seed 0's pace is a CPU's
+    assert gpu_time_line(statuses) == (
+        "about 4 min of GPU time (NVIDIA-H200) in 1 run, each at the share of the GPU its configuration's recent "
+        "epochs took (1 at their pace beside other runs times 0.25, the median ratio of the benchmark to such a pace "
+        "over 2 runs (0.20 to 0.30)); 1 run without a GPU share on record (no epoch of their configuration on a GPU "
+        "recorded when it ran, no epoch benchmark of it and no pace of it on a GPU to scale)")
