@@ -294,6 +294,14 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
             else f"+{ref['overhead_theoretical_pct']:.1f}%",
             "paper: error (%)": "–" if ref is None else mean_std(ref["error_mean"], ref["error_std"]),
         } | largest_batches(max_batch, method))
+    return pd.DataFrame(rows), table3_caption(first, described, measured, max_batch, work, profile, idle, compiled)
+
+
+def table3_caption(first: pd.Series, described: str, measured: pd.DataFrame, max_batch: pd.DataFrame | None,
+                   work: pd.DataFrame | None, profile: pd.DataFrame | None, idle: pd.DataFrame | None,
+                   compiled: pd.DataFrame | None) -> str:
+    """What Table 3's columns are and where each came from: the step table's settings (`first`, its first
+    method's row; `described`, its memory column), then a sentence for each further input given."""
     caption = (f"Table 3, {first['arch']}, batch {first['batch_size']}, {first['precision']} on {first['device_name']}: "
                f"ours = {described}; median step time over {first['steps']} steps after {first['warmup']} warm-up "
                f"step(s), each method in a fresh process; errors from our training runs where they exist. "
@@ -323,7 +331,7 @@ def table3(bench: pd.DataFrame, runs: pd.DataFrame, reference: pd.DataFrame,
     if max_batch is not None:
         caption += (" Max batch: the largest batch that trains under a real CUDA allocation cap, to within 2% "
                     "(– : not searched; offload's activations live in host memory, which the cap does not bound).")
-    return pd.DataFrame(rows), caption
+    return caption
 
 
 def busy_times(profile: pd.DataFrame) -> pd.Series:
