@@ -92,6 +92,62 @@ def max_batch_rows(methods: list[str], caps: list[float], args, context: dict) -
     return rows
 
 
+def write_steps(args, methods: list[str], device, context: dict, stem: Path) -> None:
+    """Every method's step time and memory, each in a fresh process: the step table, STEM.csv."""
+    table = run_methods(methods, args.arch, args.batch_size, args.precision, device.type, args.steps,
+                        args.warmup, args.step)
+    write_csv(f"{stem}.csv", table.assign(**context).to_dict("records"))
+    print(summary_table(table))
+    print(f"wrote {stem}.csv")
+
+
+def write_max_batch(args, methods: list[str], device, context: dict, stem: Path) -> None:
+    """The largest batch of each method under each CUDA allocation cap: ...-maxbatch.csv."""
+    search_context = {key: value for key, value in context.items() if key not in ("batch_size", "steps", "warmup")}
+    rows = max_batch_rows(methods, args.caps, args, search_context)
+    path = Path(args.out) / f"{args.arch}-{args.precision}-{device_slug(device)}-maxbatch.csv"
+    write_csv(path, rows)
+    print(pd.DataFrame(rows).pivot(index="method", columns="cap_gib", values="max_batch"))
+    print(f"wrote {path}")
+
+
+def write_work(args, methods: list[str], device, context: dict, stem: Path) -> None:
+    """The FLOPs, operators and bytes of one step of each method, and of E2E's: work-....csv."""
+    counted = methods if "e2e" in methods else ["e2e", *methods]  # the ratios need E2E, counted alike
+    table = count_work(counted, args.arch, args.batch_size, args.precision, device)
+    path = Path(args.out) / f"work-{args.arch}-b{args.batch_size}.csv"
+    write_csv(path, table.assign(**{key: value for key, value in context.items() if key not in ("steps", "warmup")})
+              .to_dict("records"))
+    print(f"wrote {path}")
+
+
+def write_profiles(args, methods: list[str], device, context: dict, stem: Path) -> None:
+    """Which operators a step's time goes to (profile-STEM.csv) and, on a GPU, its idle time (idle-STEM.csv)."""
+    rows, idle_rows = run_profiles(methods, args.arch, args.batch_size, args.precision, device.type, args.steps,
+                                   args.warmup)
+    for path, table in ((Path(args.out) / f"profile-{stem.name}.csv", rows),
+                        (Path(args.out) / f"idle-{stem.name}.csv", idle_rows)):
+        if table:  # no idle rows on a CPU: it has no timeline of its own to read gaps from
+            write_csv(path, [row | context for row in table])
+            print(f"wrote {path}")
+
+
+def write_pipeline(args, methods: list[str], device, context: dict, stem: Path) -> None:
+    """One E2E ResNet-32 epoch through our input pipeline against a DataLoader: pipeline-....csv."""
+    result = compare_pipelines("resnet32", args.pipeline_images, args.batch_size, device,
+                               args.precision) | provenance(device)
+    write_csv(Path(args.out) / f"pipeline-resnet32-b{args.batch_size}-{args.precision}-{device_slug(device)}.csv",
+              [result])
+    print(f"one E2E ResNet-32 epoch of {args.pipeline_images} images: ours {result['ours_epoch_seconds']:.2f} s, "
+          f"reference {result['reference_epoch_seconds']:.2f} s ({result['reference_transforms']}), "
+          f"speed-up {result['speedup']:.1f}x")
+
+
+# Each measurement's writer, in the order a call that asks for several runs them.
+WRITERS = {"steps": write_steps, "max-batch": write_max_batch, "work": write_work, "profile": write_profiles,
+           "pipeline": write_pipeline}
+
+
 def main(argv=None):
     args = parse_args(argv)
     methods = args.methods or default_methods(args.arch)
@@ -110,43 +166,9 @@ def main(argv=None):
     if args.step == "compiled":  # beside the eager step table of the same name, which it must not replace
         stem = stem.parent / "compiled" / stem.name
         check_writable(stem.parent)
-    if "steps" in args.measure:
-        table = run_methods(methods, args.arch, args.batch_size, args.precision, device.type, args.steps,
-                            args.warmup, args.step)
-        write_csv(f"{stem}.csv", table.assign(**context).to_dict("records"))
-        print(summary_table(table))
-        print(f"wrote {stem}.csv")
-    if "max-batch" in args.measure:
-        search_context = {key: value for key, value in context.items() if key not in ("batch_size", "steps", "warmup")}
-        rows = max_batch_rows(methods, args.caps, args, search_context)
-        path = Path(args.out) / f"{args.arch}-{args.precision}-{device_slug(device)}-maxbatch.csv"
-        write_csv(path, rows)
-        print(pd.DataFrame(rows).pivot(index="method", columns="cap_gib", values="max_batch"))
-        print(f"wrote {path}")
-    if "work" in args.measure:
-        counted = methods if "e2e" in methods else ["e2e", *methods]  # the ratios need E2E, counted alike
-        table = count_work(counted, args.arch, args.batch_size, args.precision, device)
-        path = Path(args.out) / f"work-{args.arch}-b{args.batch_size}.csv"
-        write_csv(path, table.assign(**{key: value for key, value in context.items() if key not in ("steps", "warmup")})
-                  .to_dict("records"))
-        print(f"wrote {path}")
-    if "profile" in args.measure:
-        rows, idle_rows = run_profiles(methods, args.arch, args.batch_size, args.precision, device.type, args.steps,
-                                       args.warmup)
-        for path, table in ((Path(args.out) / f"profile-{stem.name}.csv", rows),
-                            (Path(args.out) / f"idle-{stem.name}.csv", idle_rows)):
-            if table:  # no idle rows on a CPU: it has no timeline of its own to read gaps from
-                write_csv(path, [row | context for row in table])
-                print(f"wrote {path}")
-    if "pipeline" in args.measure:
-        result = compare_pipelines("resnet32", args.pipeline_images, args.batch_size, device,
-                                   args.precision) | provenance(device)
-        write_csv(Path(args.out) / f"pipeline-resnet32-b{args.batch_size}-{args.precision}-{device_slug(device)}.csv",
-                  [result])
-        print(f"one E2E ResNet-32 epoch of {args.pipeline_images} images: ours {result['ours_epoch_seconds']:.2f} s, "
-              f"reference {result['reference_epoch_seconds']:.2f} s ({result['reference_transforms']}), "
-              f"speed-up {result['speedup']:.1f}x")
-
+    for measure, write in WRITERS.items():
+        if measure in args.measure:
+            write(args, methods, device, context, stem)
 
 if __name__ == "__main__":
     run(main)
