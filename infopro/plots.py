@@ -254,45 +254,51 @@ def fig_memory(bench: pd.DataFrame, runs: pd.DataFrame, work: dict[str, pd.DataF
     figure, axes = new_figure(12.6, 0.8 + 3.2 * len(archs), len(archs), 3)
     notes = []
     for row, arch in enumerate(archs):
-        rows = measured_rows(bench[bench["arch"] == arch])
-        column, described = memory_column(rows)
-        errors, recipe = errors_by_method(runs, arch, rows["method"])
-        counted = work.get(arch, pd.DataFrame())
-        operators = dict(zip(counted["method"], counted["step_operators_vs_e2e"])) \
-            if "step_operators_vs_e2e" in counted else {}
-        top = off_scale_top(list(100 * (rows["step_seconds_vs_e2e"] - 1)))
-        for _, result in rows.iterrows():
-            memory, time = 100 * result[f"{column}_vs_e2e"], 100 * (result["step_seconds_vs_e2e"] - 1)
-            if result["method"] in errors:
-                method_point(axes[row, 0], memory, errors[result["method"]][0], result)
-            method_point(axes[row, 1], memory, time, result, top)
-            if pd.notna(operators.get(result["method"])):
-                method_point(axes[row, 2], 100 * (operators[result["method"]] - 1), time, result)
-        first = rows.iloc[0]
-        where = f"{arch}, batch {first['batch_size']}"
-        axes[row, 0].set(title=f"{where}: error vs memory", xlabel="memory (% of E2E)", ylabel="test error (%)")
-        axes[row, 1].set(title=f"{where}: time vs memory", xlabel="memory (% of E2E)",
-                         ylabel="step time overhead vs E2E (%)")
-        axes[row, 2].set(title=f"{where}: time vs operators", xlabel="operator overhead vs E2E (%)",
-                         ylabel="step time overhead vs E2E (%)")
-        if top is not None:
-            axes[row, 1].set_ylim(top=top)
-        if not errors:
-            no_data(axes[row, 0], f"no training runs of {arch} yet")
-        if operators:
-            axes[row, 2].axline((0, 0), slope=1, color="#999999", lw=0.8, ls=":")
-            notes.append(f"{arch} operators: ATen operators per step, counted on {work[arch]['device'].iloc[0]}")
-        else:
-            no_data(axes[row, 2], f"work not counted at batch {first['batch_size']}")
-        notes.append(f"{arch}: {first['precision']} on {first['device_name']}; memory = {described}")
-        if remeasured := remeasured_times(rows):
-            notes.append(f"{arch}: {remeasured}")
-        if errors:
-            notes.append(f"{arch} test errors: final epoch of our runs ({recipe})")
-        if first["device"] == "cpu":
-            notes.append(f"{arch}: times measured on a shared CPU: indicative only")
+        notes += memory_row(axes[row], arch, measured_rows(bench[bench["arch"] == arch]), runs,
+                            work.get(arch, pd.DataFrame()))
     if work:
         notes.append("dotted: time overhead = operator overhead")
     shared_legend(figure, axes)
     footer(figure, "; ".join(notes) + ".")
     return figure
+
+
+def memory_row(axes, arch: str, rows: pd.DataFrame, runs: pd.DataFrame, counted: pd.DataFrame) -> list[str]:
+    """fig_memory's three panels of one architecture (`rows`: its step table; `counted`: its work counts,
+    empty where none), and the footer's notes on them."""
+    column, described = memory_column(rows)
+    errors, recipe = errors_by_method(runs, arch, rows["method"])
+    operators = dict(zip(counted["method"], counted["step_operators_vs_e2e"])) \
+        if "step_operators_vs_e2e" in counted else {}
+    top = off_scale_top(list(100 * (rows["step_seconds_vs_e2e"] - 1)))
+    for _, result in rows.iterrows():
+        memory, time = 100 * result[f"{column}_vs_e2e"], 100 * (result["step_seconds_vs_e2e"] - 1)
+        if result["method"] in errors:
+            method_point(axes[0], memory, errors[result["method"]][0], result)
+        method_point(axes[1], memory, time, result, top)
+        if pd.notna(operators.get(result["method"])):
+            method_point(axes[2], 100 * (operators[result["method"]] - 1), time, result)
+    first = rows.iloc[0]
+    where = f"{arch}, batch {first['batch_size']}"
+    axes[0].set(title=f"{where}: error vs memory", xlabel="memory (% of E2E)", ylabel="test error (%)")
+    axes[1].set(title=f"{where}: time vs memory", xlabel="memory (% of E2E)", ylabel="step time overhead vs E2E (%)")
+    axes[2].set(title=f"{where}: time vs operators", xlabel="operator overhead vs E2E (%)",
+                ylabel="step time overhead vs E2E (%)")
+    if top is not None:
+        axes[1].set_ylim(top=top)
+    if not errors:
+        no_data(axes[0], f"no training runs of {arch} yet")
+    notes = []
+    if operators:
+        axes[2].axline((0, 0), slope=1, color="#999999", lw=0.8, ls=":")
+        notes.append(f"{arch} operators: ATen operators per step, counted on {counted['device'].iloc[0]}")
+    else:
+        no_data(axes[2], f"work not counted at batch {first['batch_size']}")
+    notes.append(f"{arch}: {first['precision']} on {first['device_name']}; memory = {described}")
+    if remeasured := remeasured_times(rows):
+        notes.append(f"{arch}: {remeasured}")
+    if errors:
+        notes.append(f"{arch} test errors: final epoch of our runs ({recipe})")
+    if first["device"] == "cpu":
+        notes.append(f"{arch}: times measured on a shared CPU: indicative only")
+    return notes
