@@ -6,9 +6,9 @@ from dataclasses import asdict, replace
 import pandas as pd
 import pytest
 
+from infopro.config import TrainConfig
 from infopro.grid import get_grid
 from infopro.grid_status import RunStatus, gpu_time_line, grid_status, status_summary
-from infopro.config import TrainConfig
 from infopro.paces import AlonePace, ShareRatio, alone_paces, benchmark_paces, share_ratio, shared_seconds
 
 
@@ -131,9 +131,9 @@ def test_a_pace_beside_other_runs_is_scaled_by_what_the_benchmark_took_of_such_p
 
     runs, bench = tmp_path / "runs", tmp_path / "bench"
 
-    def trained(config, gpu, seconds, ended_at=False):  # ten epochs of `seconds` each
-        write_run(runs, config.run_id(), gpu, [(seconds * i, seconds * i + seconds) for i in range(10)], ended_at,
-                  config)
+    def trained(run_config, gpu, seconds, ended_at=False):  # ten epochs of `seconds` each
+        write_run(runs, run_config.run_id(), gpu, [(seconds * i, seconds * i + seconds) for i in range(10)],
+                  ended_at, run_config)
 
     trained(config("e2e", 1), "H100", 5.0)
     trained(config("greedy", 4), "H100", 5.0)
