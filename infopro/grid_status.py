@@ -109,7 +109,7 @@ def gpu_pace(config: TrainConfig, alone: dict[str, AlonePace], benchmarked: dict
     shared = next((alone[name] for name in (config.run_id(), *other_seeds(config, alone)) if name in alone), None)
     if shared is not None or config_key(config) in benchmarked:
         return shared or benchmarked[config_key(config)]
-    if ratio is None or wall is None or not (wall.run / "config.json").is_file() or gpu_of(wall.run) is None:
+    if ratio is None or wall is None or gpu_of(wall.run) is None:
         return None
     return AlonePace(wall.seconds * ratio.median, ratio.device, scaled=ratio)
 

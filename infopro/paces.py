@@ -86,7 +86,10 @@ def epoch_intervals(run: Path) -> list[tuple[float, float]]:
 
 
 def gpu_of(run: Path) -> str | None:
-    """The GPU a run trained on last (its latest provenance record), or None when that was no GPU."""
+    """The GPU a run trained on last (its latest provenance record), or None when that was no GPU or the
+    run has no config.json to say."""
+    if not (run / "config.json").is_file():
+        return None
     record = read_json(run / "config.json", ("provenance",))
     provenance = (record.get("resumed") or [record["provenance"]])[-1]
     return provenance["device_name"] if provenance["device"] == "cuda" else None
@@ -99,7 +102,7 @@ def alone_paces(root: Path) -> dict[str, AlonePace]:
     overlap in time ran on the same GPU."""
     epochs: dict[str, list] = {}  # GPU model: [(run id, start, end)]
     for run in sorted(path.parent for path in root.glob("*/metrics.csv")):
-        gpu = gpu_of(run) if (run / "config.json").is_file() else None
+        gpu = gpu_of(run)
         if gpu is not None:
             epochs.setdefault(gpu, []).extend((run.name, start, end) for start, end in epoch_intervals(run))
     paces = {}
@@ -151,7 +154,7 @@ def share_ratio(root: Path, benchmarked: dict[tuple, AlonePace], alone: dict[str
     run. Where benchmarks of several GPUs enter, the GPU with the largest median plans (the slowest)."""
     ratios: dict[str, list[float]] = {}
     for run in sorted(path.parent for path in root.glob("*/metrics.csv")):
-        if run.name in alone or not (run / "config.json").is_file() or gpu_of(run) is None:
+        if run.name in alone or gpu_of(run) is None:
             continue
         record = read_json(run / "config.json", ("config",))
         pace = benchmarked.get(config_key(TrainConfig.from_dict(record["config"])))
