@@ -8,9 +8,9 @@ Rank k owns module k's backbone layers, its objective (on the last rank: the hea
 SGD optimizer over exactly those parameters. Rank 0 holds the data and draws every batch as
 the synchronous trainer does; rank k > 0 receives from rank k-1 the detached activations,
 the labels and, where a later objective reconstructs it, the augmented input; it trains its
-module with `infopro.step.module_step` and sends its detached output on. Transport is
-torch.distributed point-to-point: gloo on CPU and for ranks sharing a GPU (staged through
-host memory), NCCL when every rank has a GPU of its own.
+module with `infopro.step.module_step` and sends its detached output on. Transport
+(`infopro.rank_links`) is torch.distributed point-to-point: gloo on CPU and for ranks sharing a
+GPU (staged through host memory), NCCL when every rank has a GPU of its own.
 
 Why this is exactly the synchronous computation, at any staleness: rank k-1 produces batch
 t's activations with its weights after t-1 updates, as the synchronous trainer's module k-1
@@ -29,7 +29,7 @@ broadcasts whether to go on, so every rank stops at the same point, on errors to
 
 import math
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -39,17 +39,18 @@ import torch.distributed as dist
 from infopro.augment import augmented_batch, shuffled_batches
 from infopro.bench import StepTimer
 from infopro.config import TrainConfig, build_net, epoch_generator, learning_rate, set_learning_rate, sgd
-from infopro.device import autocast, configure_backends, place, prepare_input
+from infopro.device import configure_backends, place, prepare_input
 from infopro.distributed import Rank, broadcast, gather, on_rank_zero, to_cpu
 from infopro.errors import InfoProError
-from infopro.local import InfoProObjective, LocalNet, run_layers
+from infopro.local import LocalNet
+from infopro.rank_links import Downstream, Upstream, open_links
 from infopro.records import read_json
-from infopro.rundir import load_splits, open_run
+from infopro.rundir import OpenedRun, load_splits, open_run
 from infopro.step import correct_per_image, evaluate, module_step
 from infopro.train import EpochBudget, check_finite, epoch_line, epoch_row, summarise
 
 
-# ----- which parameters, buffers and inputs belong to which module
+# ----- which parameters and buffers belong to which module
 
 def module_parameters(net: LocalNet, k: int) -> list[int]:
     """Indices, in `net.parameters()` order, of the parameters local module k owns."""
@@ -92,96 +93,9 @@ def module_optimizer_state(state: dict, indices: list[int]) -> dict:
     return {"state": local, "param_groups": [group]}
 
 
-def reconstructs_input(net: LocalNet, k: int) -> bool:
-    """Whether module k's objective reconstructs the augmented input x (InfoPro, λ1 > 0)."""
-    return k < net.K - 1 and isinstance(net.objectives[k], InfoProObjective) and net.objectives[k].lambda1 > 0
-
-
-@torch.no_grad()
-def boundary_dtypes(net: LocalNet, precision: str, device: torch.device) -> list[torch.dtype]:
-    """dtype of each module's output under `precision` (bf16 autocast may change it).
-
-    h travels in its own dtype, which keeps the pipeline the synchronous computation bit for bit.
-    """
-    was_training = net.training
-    net.eval()
-    h = prepare_input(torch.zeros(2, 3, 32, 32, device=device), device)
-    dtypes = []
-    for k in range(net.K - 1):
-        with autocast(device, precision):
-            h = run_layers(net.segment(k), h)
-        dtypes.append(h.dtype)
-    net.train(was_training)
-    return dtypes
-
-
 def batch_sizes(n: int, batch_size: int) -> list[int]:
     """Sizes of one epoch's batches (as `shuffled_batches` cuts them), known to every rank."""
     return [min(batch_size, n - start) for start in range(0, n, batch_size)]
-
-
-# ----- the two ends of a link between rank k and rank k+1
-
-class Upstream:
-    """Rank k's end of the link from rank k-1: receives batches, acknowledges finished ones."""
-
-    def __init__(self, me: Rank, shape: tuple[int, ...], dtype: torch.dtype, with_input: bool):
-        self.me, self.shape, self.dtype, self.with_input = me, shape, dtype, with_input
-        self.pending = []
-
-    def _recv(self, shape, dtype) -> torch.Tensor:
-        buffer = torch.empty(shape, dtype=dtype, device=self.me.transport_device)
-        dist.recv(buffer, src=self.me.rank - 1)
-        return buffer.to(self.me.device)
-
-    def receive(self, size: int):
-        """(h, x or None, y) of the next batch of `size` samples."""
-        h = self._recv((size, *self.shape), self.dtype)
-        if self.me.device.type == "cuda" and self.dtype.is_floating_point:
-            h = h.contiguous(memory_format=torch.channels_last)
-        x = self._recv((size, 3, 32, 32), torch.float32) if self.with_input else None
-        return h, x, self._recv((size,), torch.int64)
-
-    def acknowledge(self) -> None:
-        """Tell rank k-1 that module k has finished one more batch (its credit for staleness)."""
-        self.pending.append(dist.isend(torch.ones(1, device=self.me.transport_device), dst=self.me.rank - 1))
-
-    def close(self) -> None:
-        for work in self.pending:
-            work.wait()
-        self.pending.clear()
-
-
-class Downstream:
-    """Rank k's end of the link to rank k+1: sends batches within the staleness bound."""
-
-    def __init__(self, me: Rank, max_staleness: int, with_input: bool):
-        self.me, self.max_staleness, self.with_input = me, max_staleness, with_input
-        self.in_flight = deque()   # send handles (and their tensors) of unacknowledged batches
-        self.finished = 0          # batches rank k+1 has acknowledged this epoch
-
-    def _await_acknowledgement(self) -> None:
-        dist.recv(torch.empty(1, device=self.me.transport_device), src=self.me.rank + 1)
-        for work in self.in_flight.popleft():
-            work.wait()
-        self.finished += 1
-
-    def wait_for_credit(self, t: int) -> int:
-        """Block until batch t may start; return the lead then (batches rank k+1 has not finished)."""
-        while t - self.finished > self.max_staleness:
-            self._await_acknowledgement()
-        return t - self.finished
-
-    def send(self, h: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
-        tensors = [h, x, y] if self.with_input else [h, y]
-        staged = [t.to(self.me.transport_device).contiguous() for t in tensors]
-        self.in_flight.append([dist.isend(t, dst=self.me.rank + 1) for t in staged])
-
-    def close(self, batches: int) -> None:
-        """End of epoch: wait until rank k+1 has finished every batch sent."""
-        while self.finished < batches:
-            self._await_acknowledgement()
-        self.finished = 0
 
 
 # ----- training
@@ -244,6 +158,23 @@ def ideal_speedup(busy_seconds: list[float]) -> float:
     return sum(busy_seconds) / max(busy_seconds)
 
 
+@dataclass
+class RankRun:
+    """What one rank holds through its run. `opened` and `metrics` are rank 0's (None and [] elsewhere);
+    `owned[k]`: the indices of module k's parameters, for merging the optimizers' states on rank 0."""
+
+    config: TrainConfig
+    me: Rank
+    net: LocalNet
+    optimizer: torch.optim.SGD
+    owned: list[list[int]]
+    max_staleness: int
+    opened: OpenedRun | None
+    metrics: list[dict]
+    budget: EpochBudget
+    log: Callable[[str], None]
+
+
 def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, data_root=None,
                download: bool = False, resume: bool = False, stop_after_epoch: int | None = None,
                time_budget: float | None = None, log=print) -> dict | None:
@@ -252,13 +183,8 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
     Rank 0 opens the run directory; an error there (or a non-finite loss later) is broadcast,
     so every rank leaves at the same point instead of waiting for a dead peer.
     """
-    if config.K != me.world_size:
-        raise InfoProError(f"K = {config.K} local modules need {config.K} ranks; got {me.world_size} "
-                           f"(torchrun --nproc_per_node {config.K})")
-    if max_staleness < 0:  # no rank could ever start a batch: every one would wait forever
-        raise InfoProError(f"max_staleness must be 0 or more, got {max_staleness}")
+    check_ranks(config, me, max_staleness)
     configure_backends(me.device)
-    budget = EpochBudget(stop_after_epoch, time_budget)
     net = place(build_net(config), me.device)
     owned = [module_parameters(net, k) for k in range(net.K)]
     optimizer = module_sgd(net, owned[me.rank], config)
@@ -275,39 +201,88 @@ def train_rank(config: TrainConfig, out, me: Rank, *, max_staleness: int = 0, da
     metrics, first_epoch = resume_module(net, optimizer, begin["checkpoint"], owned[me.rank])
     if me.first and begin["checkpoint"] is not None:
         log(f"resuming {opened.run.path} after epoch {first_epoch - 1}")
-    upstream, downstream = open_links(net, me, max_staleness, config.precision)
-    sizes = batch_sizes(begin["train_size"], config.batch_size)
-    keys = module_state_keys(net, me.rank)
+    run = RankRun(config, me, net, optimizer, owned, max_staleness, opened, metrics,
+                  EpochBudget(stop_after_epoch, time_budget), log)
+    decision, epoch, losses = train_epochs(run, first_epoch, begin["train_size"])
+    return finish_run(run, decision, epoch, losses) if me.first else None
 
-    for epoch in range(first_epoch, config.epochs + 1):
+
+def check_ranks(config: TrainConfig, me: Rank, max_staleness: int) -> None:
+    """Refuse, on every rank alike, a world size other than K and a staleness no rank could start under."""
+    if config.K != me.world_size:
+        raise InfoProError(f"K = {config.K} local modules need {config.K} ranks; got {me.world_size} "
+                           f"(torchrun --nproc_per_node {config.K})")
+    if max_staleness < 0:  # no rank could ever start a batch: every one would wait forever
+        raise InfoProError(f"max_staleness must be 0 or more, got {max_staleness}")
+
+
+def train_epochs(run: RankRun, first_epoch: int, train_size: int) -> tuple[str, int, list | None]:
+    """Every rank's epochs from `first_epoch` on, each ended as rank 0 decides.
+
+    Returns that decision ("done", "stop" or "diverged"), the last epoch trained and, on rank 0,
+    its per-module mean losses.
+    """
+    net, me, config = run.net, run.me, run.config
+    upstream, downstream = open_links(net, me, run.max_staleness, config.precision)
+    sizes = batch_sizes(train_size, config.batch_size)
+    keys = module_state_keys(net, me.rank)
+    decision, epoch, losses = "continue", first_epoch - 1, None
+    while decision == "continue":  # rank 0 says "done" after the last epoch
+        epoch += 1
         lr = learning_rate(config, epoch)
-        set_learning_rate(optimizer, lr)
+        set_learning_rate(run.optimizer, lr)
         dist.barrier()
         began = time.perf_counter()
-        stats = train_module_epoch(net, optimizer, me, upstream, downstream, sizes, config, epoch,
-                                   opened.train if me.first else None)
+        stats = train_module_epoch(net, run.optimizer, me, upstream, downstream, sizes, config, epoch,
+                                   run.opened.train if me.first else None)
         state = net.state_dict()
         reports = gather({"stats": stats, "state": to_cpu({key: state[key] for key in keys}),
-                          "optimizer": to_cpu(optimizer.state_dict())}, me)
-        losses, decision = None, None
+                          "optimizer": to_cpu(run.optimizer.state_dict())}, me)
         if me.first:
-            losses = [report["stats"].loss_sum / len(opened.train) for report in reports]
+            losses = [report["stats"].loss_sum / train_size for report in reports]
             decision = "diverged" if not all(map(math.isfinite, losses)) else end_epoch(
-                net, reports, losses, owned, opened, metrics, config, epoch, lr,
-                (time.perf_counter() - began, time.time()), max_staleness, budget, log)
+                run, reports, losses, epoch, lr, (time.perf_counter() - began, time.time()))
         decision = broadcast(decision, me)
-        if decision != "continue":
-            break
-    if not me.first:
-        return None
+    return decision, epoch, losses
+
+
+def end_epoch(run: RankRun, reports: list[dict], losses: list[float], epoch: int, lr: float,
+              timing: tuple[float, float]) -> str:
+    """Rank 0 after an epoch: assemble the network, evaluate, record; say what comes next. `timing` is the
+    epoch's (seconds, Unix time at its end)."""
+    net, opened, config = run.net, run.opened, run.config
+    state = {}
+    for report in reports:
+        state |= report["state"]
+    net.load_state_dict(state)
+    stats = [report["stats"] for report in reports]
+    n = len(opened.train)
+    seconds, ended_at = timing
+    row = epoch_row(epoch, lr, losses, 100.0 * stats[-1].wrong / n, evaluate(net, opened.test, config.precision),
+                    seconds, ended_at)
+    row |= {"max_staleness": run.max_staleness, "max_lead": max(s.max_lead for s in stats)}
+    row |= {f"busy_seconds_m{k + 1}": s.busy_seconds for k, s in enumerate(stats)}
+    run.metrics.append(row)
+    optimizer_state = merge_optimizer_states([report["optimizer"] for report in reports], run.owned)
+    opened.run.save_epoch(net.state_dict(), optimizer_state, epoch, run.metrics)
+    run.log(epoch_line(row, config.epochs, n) + f"  lead ≤ {row['max_lead']}")
+    if epoch == config.epochs:
+        return "done"
+    return "stop" if run.budget.stop_after(epoch, config.epochs, seconds) else "continue"
+
+
+def finish_run(run: RankRun, decision: str, epoch: int, losses: list) -> dict | None:
+    """Rank 0 once the epochs have ended: the summary of a finished run, None for one stopped early."""
+    opened = run.opened
     check_finite(losses, epoch, opened.run)
     if decision == "stop":
-        log(f"stopped after epoch {epoch}/{config.epochs}; continue with --resume")
+        run.log(f"stopped after epoch {epoch}/{run.config.epochs}; continue with --resume")
         return None
-    summary = summarise(metrics, len(opened.train), {}, {}, opened.train.nbytes + opened.test.nbytes,
-                        correct_per_image(net, opened.test, config.precision))
-    summary["module_parallel"] = module_parallel_record(me, max_staleness) | pipeline_record(metrics, net.K)
-    opened.run.finish(net.state_dict(), summary)
+    summary = summarise(run.metrics, len(opened.train), {}, {}, opened.train.nbytes + opened.test.nbytes,
+                        correct_per_image(run.net, opened.test, run.config.precision))
+    summary["module_parallel"] = module_parallel_record(run.me, run.max_staleness) | pipeline_record(
+        run.metrics, run.net.K)
+    opened.run.finish(run.net.state_dict(), summary)
     return summary
 
 
@@ -321,19 +296,6 @@ def resume_module(net: LocalNet, optimizer, checkpoint: dict | None, owned: list
     net.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(module_optimizer_state(checkpoint["optimizer"], owned))
     return checkpoint["metrics"], checkpoint["epoch"] + 1
-
-
-def open_links(net: LocalNet, me: Rank, max_staleness: int, precision: str):
-    """This rank's (upstream, downstream) ends; None at the first and last rank respectively.
-
-    A link carries the augmented input x only where some later module reconstructs it.
-    """
-    upstream = None if me.first else Upstream(
-        me, net.backbone.layer_shape(net.bounds[me.rank]), boundary_dtypes(net, precision, me.device)[me.rank - 1],
-        any(reconstructs_input(net, j) for j in range(me.rank, net.K)))
-    downstream = None if me.last else Downstream(
-        me, max_staleness, any(reconstructs_input(net, j) for j in range(me.rank + 1, net.K)))
-    return upstream, downstream
 
 
 def module_parallel_record(me: Rank, max_staleness: int) -> dict:
@@ -356,27 +318,3 @@ def open_pipeline_run(config, out, me: Rank, max_staleness, data_root, download,
     opened = open_run(config, out, load_splits(config, me.device, data_root, download), me.device, resume,
                       {"module_parallel": module_parallel_record(me, max_staleness)})
     return opened, {"finished": opened.finished, "checkpoint": opened.checkpoint, "train_size": len(opened.train)}
-
-
-def end_epoch(net, reports, losses, owned, opened, metrics, config, epoch, lr, timing, max_staleness, budget,
-              log) -> str:
-    """Rank 0 after an epoch: assemble the network, evaluate, record; say what comes next. `timing` is the
-    epoch's (seconds, Unix time at its end)."""
-    state = {}
-    for report in reports:
-        state |= report["state"]
-    net.load_state_dict(state)
-    stats = [report["stats"] for report in reports]
-    n = len(opened.train)
-    seconds, ended_at = timing
-    row = epoch_row(epoch, lr, losses, 100.0 * stats[-1].wrong / n, evaluate(net, opened.test, config.precision),
-                    seconds, ended_at)
-    row |= {"max_staleness": max_staleness, "max_lead": max(s.max_lead for s in stats)}
-    row |= {f"busy_seconds_m{k + 1}": s.busy_seconds for k, s in enumerate(stats)}
-    metrics.append(row)
-    optimizer_state = merge_optimizer_states([report["optimizer"] for report in reports], owned)
-    opened.run.save_epoch(net.state_dict(), optimizer_state, epoch, metrics)
-    log(epoch_line(row, config.epochs, n) + f"  lead ≤ {row['max_lead']}")
-    if epoch == config.epochs:
-        return "done"
-    return "stop" if budget.stop_after(epoch, config.epochs, seconds) else "continue"
