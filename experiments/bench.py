@@ -170,5 +170,6 @@ def main(argv=None):
         if measure in args.measure:
             write(args, methods, device, context, stem)
 
+
 if __name__ == "__main__":
     run(main)
