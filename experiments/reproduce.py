@@ -38,7 +38,7 @@ from infopro.paces import epoch_intervals, shared_seconds
 from infopro.records import check_writable, device_slug, git_state, read_table
 
 
-def main(argv=None):
+def parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0])
     p.add_argument("--time-budget", type=positive, metavar="MIN",
                    help="start nothing that would not end within MIN minutes")
@@ -48,14 +48,22 @@ def main(argv=None):
     p.add_argument("--pack-to", metavar="DIR", help="afterwards, pack every results file this call wrote "
                                                     "(checkpoints included) into tar parts in DIR")
     p.add_argument("--pack-mib", type=positive, default=15, metavar="MIB", help="largest part (default: 15 MiB)")
-    args = p.parse_args(argv)
+    return p
+
+
+def print_plan(plan) -> None:
+    """`--plan`: each stage, done or to do, and its progress lines beneath it."""
+    width = max(len(stage.name) for stage in plan)
+    for stage in plan:
+        print(f"{'done' if stage.done() else 'to do':<6} {stage.name:<{width}} {stage.description}")
+        for line in stage.progress():
+            print(f"{'':<{width + 7}} {line}")
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     if args.plan:
-        plan = stages(Path(args.results), args.data_root)
-        width = max(len(stage.name) for stage in plan)
-        for stage in plan:
-            print(f"{'done' if stage.done() else 'to do':<6} {stage.name:<{width}} {stage.description}")
-            for line in stage.progress():
-                print(f"{'':<{width + 7}} {line}")
+        print_plan(stages(Path(args.results), args.data_root))
         return
     if args.time_budget is None:
         raise InfoProError("give --time-budget MIN (the minutes this GPU is yours), or --plan")

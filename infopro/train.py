@@ -197,13 +197,9 @@ def train_opened(config: TrainConfig, out, opened: OpenedRun, replicas: OneProce
     net = place(build_net(config), replicas.device)
     replicas.wrap(net)
     optimizer = sgd(net.parameters(), config)
-    metrics, start = [], 1
-    if opened.checkpoint is not None:
-        net.load_state_dict(opened.checkpoint["model"])
-        optimizer.load_state_dict(opened.checkpoint["optimizer"])
-        metrics, start = opened.checkpoint["metrics"], opened.checkpoint["epoch"] + 1
-        log(f"resuming {out} after epoch {opened.checkpoint['epoch']}")
-
+    metrics, start = restore_checkpoint(net, optimizer, opened.checkpoint)
+    if start > 1:
+        log(f"resuming {out} after epoch {start - 1}")
     measured, memory = {}, {}
     n = len(opened.train)
     for epoch in range(start, config.epochs + 1):
@@ -236,6 +232,15 @@ def train_opened(config: TrainConfig, out, opened: OpenedRun, replicas: OneProce
                         correct_per_image(net, opened.test, config.precision))
     opened.run.finish(net.state_dict(), summary)
     return summary
+
+
+def restore_checkpoint(net: LocalNet, optimizer, checkpoint: dict | None) -> tuple[list, int]:
+    """Load a checkpoint into the network and its optimizer: the metrics so far, the first epoch to train."""
+    if checkpoint is None:
+        return [], 1
+    net.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    return checkpoint["metrics"], checkpoint["epoch"] + 1
 
 
 def epoch_line(row: dict, epochs: int, images: int) -> str:
