@@ -187,26 +187,20 @@ def load_max_batch(results, bench: pd.DataFrame) -> pd.DataFrame | None:
     return read_result(path, "bench", ("method", "cap_gib")) if path.is_file() else None  # max_batch: blank on error
 
 
-def load_beside_steps(results, bench: pd.DataFrame, kind: str, columns: tuple[str, ...]) -> pd.DataFrame | None:
-    """`kind`-<the step table's name>.csv, a measurement of the step table's architecture, batch,
-    precision and device (a profile, or the GPU's idle time read from it): its measured methods, or
-    None when it was not made or no method was measured."""
+# What is measured beside a step table, as <kind>-<its name>.csv, and the columns each needs: the operator profile
+# of its methods, and where the GPU's idle time went in the profiled steps (`infopro.trace`, GPU only).
+BESIDE_STEPS = {"profile": ("method", "self_ms_per_step", "share", "steps", "git_commit"),
+                "idle": ("method", "idle_ms_per_step", "idle_dispatch_ms_per_step", "git_commit")}
+
+
+def load_beside_steps(results, bench: pd.DataFrame, kind: str) -> pd.DataFrame | None:
+    """The measurement `kind` (BESIDE_STEPS) of the step table's architecture, batch, precision and device:
+    its measured methods, or None when it was not made or no method was measured."""
     path = Path(results) / "bench" / f"{kind}-{bench['source_file'].iloc[0]}"
     if not path.is_file():
         return None
-    table = read_result(path, "bench", columns, selection.measured_rows)
+    table = read_result(path, "bench", BESIDE_STEPS[kind], selection.measured_rows)
     return None if table.empty else table
-
-
-def load_profile(results, bench: pd.DataFrame) -> pd.DataFrame | None:
-    """The operator profile of the step table's methods, if it was made."""
-    return load_beside_steps(results, bench, "profile", ("method", "self_ms_per_step", "share", "steps", "git_commit"))
-
-
-def load_idle(results, bench: pd.DataFrame) -> pd.DataFrame | None:
-    """Where the GPU's idle time went in the profiled steps (`infopro.trace`), if that was read (GPU only)."""
-    return load_beside_steps(results, bench, "idle",
-                             ("method", "idle_ms_per_step", "idle_dispatch_ms_per_step", "git_commit"))
 
 
 def load_compiled(results, bench: pd.DataFrame) -> pd.DataFrame | None:
@@ -250,8 +244,9 @@ def table3(results) -> tuple[pd.DataFrame, str]:
     its compiled step times if timed."""
     bench = table3_bench(results)
     return tables.table3(bench, runs_or_empty(results), load_reference(results, "table3"),
-                         load_max_batch(results, bench), load_work(results, bench), load_profile(results, bench),
-                         load_idle(results, bench), load_compiled(results, bench))
+                         load_max_batch(results, bench), load_work(results, bench),
+                         load_beside_steps(results, bench, "profile"), load_beside_steps(results, bench, "idle"),
+                         load_compiled(results, bench))
 
 
 def runs_or_empty(results) -> pd.DataFrame:
