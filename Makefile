@@ -9,7 +9,7 @@ MODULE_PARALLEL_ARGS ?=
 DATA_ROOT ?=
 DATA = $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-.PHONY: help setup test check test-slow status readme fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap table_ranking table_remainder_budget claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel bench-epochs reproduce fixture cpu-weights
+.PHONY: help setup test check test-slow status readme fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule figures table2 table3 table_schedule table_paired table_e2e_gap table_ranking table_remainder_budget table_remainder_budget_means claims tables probes mutual-info test-predictions schedule-analysis bench bench-module-parallel bench-epochs reproduce fixture cpu-weights
 
 .DEFAULT_GOAL := help
 # `make` alone lists the targets: the text after `## ` on each rule's line.
@@ -35,7 +35,7 @@ RECIPE ?=
 # ARCH (the same figures and table2): draw that network's runs, e.g. ARCH=resnet110, as <target>-resnet110.
 ARCH ?=
 FIGURES = fig7 fig8 fig10 fig_info_plane fig_curves fig_memory fig_schedule
-TABLES = table2 table3 table_schedule table_paired table_e2e_gap table_ranking table_remainder_budget claims
+TABLES = table2 table3 table_schedule table_paired table_e2e_gap table_ranking table_remainder_budget table_remainder_budget_means claims
 # ESTIMATOR (fig10, fig_info_plane): remainder (the paper's units; the default once it covers E2E and greedy SL
 # at layer 1, their module ends and the last, every layer of E2E) or 1c2f, as <target>-<ESTIMATOR>.
 ESTIMATOR ?=

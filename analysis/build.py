@@ -16,7 +16,8 @@ schedule lengths (schedule-check/ beside runs/); table_paired: InfoPro against g
 image on test images no run used (test_predictions.csv); table_e2e_gap: greedy SL and InfoPro
 against E2E the same way; table_ranking: each step of the paper's ranking (InfoPro (Contrast) <
 InfoPro (Softmax) < DGL < greedy SL) the same way; table_remainder_budget: the remainder estimator's
-points again with a longer budget beside the figure's (remainder_budget.csv).
+points again with a longer budget beside the figure's (remainder_budget.csv), per network, and
+table_remainder_budget_means: the same over seeds.
 Each takes a few seconds on a CPU.
 """
 

@@ -87,27 +87,35 @@ def e2e_twin(longer: pd.DataFrame, like: pd.Series) -> pd.Series | None:
     return None if twins.empty else twins.iloc[0]
 
 
+def method_label(row: pd.Series) -> str:
+    K = "" if int(row["K"]) == 1 else f" K = {int(row['K'])}"
+    return f"{METHODS[row['method']][0]}{K}"
+
+
 def network_label(row: pd.Series) -> str:
     """E2E, seed 0, 160 epochs / Greedy SL K = 4, seed 0, 12 epochs: the run's method, seed and schedule
     (the schedule tells the paper's recipe from the CPU fixture)."""
-    K = "" if int(row["K"]) == 1 else f" K = {int(row['K'])}"
-    return f"{METHODS[row['method']][0]}{K}, seed {int(row['seed'])}, {int(row['epochs'])} epochs"
+    return f"{method_label(row)}, seed {int(row['seed'])}, {int(row['epochs'])} epochs"
 
 
-def value(rows: pd.DataFrame, column: str, epochs: int) -> float | None:
+def configuration_label(row: pd.Series) -> str:
+    """A network's label without its seed, which its seeds share: Greedy SL K = 4, 12 epochs."""
+    return f"{method_label(row)}, {int(row['epochs'])} epochs"
+
+
+def value(rows: pd.DataFrame, column: str, epochs: int) -> float:
     """`column` of the rows estimated with `epochs`, their mean as fig10 draws a ceiling measured more than
-    once (None: not estimated, or not by this estimate)."""
+    once (NaN: not estimated, or not by this estimate)."""
     cells = rows.loc[rows["rem_epochs"] == epochs, column] if column in rows else pd.Series(dtype=float)
-    cells = cells.dropna()
-    return None if cells.empty else float(cells.mean())
+    return float(cells.mean())
 
 
-def shown(number: float | None) -> str:
-    return "–" if number is None else f"{number:.4f}"
+def shown(number: float) -> str:
+    return "–" if pd.isna(number) else f"{number:.4f}"
 
 
-def change(before: float | None, after: float | None) -> str:
-    return "–" if before is None or after is None else f"{100 * (after - before):+.2f}"
+def change(before: float, after: float) -> str:
+    return "–" if pd.isna(before) or pd.isna(after) else f"{100 * (after - before):+.2f}"
 
 
 def span(points: pd.DataFrame, epochs: int) -> str:
@@ -126,10 +134,23 @@ def span_line(label: str, points: pd.DataFrame, base: int, epochs: int) -> str |
     return f"{label}: {span(both, base)} points with {base} epochs, {span(both, epochs)} with {epochs}"
 
 
-def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame | None) -> tuple[pd.DataFrame, str]:
-    """Per network of `longer` (remainder_budget.csv) and layer point: I(h,y) and I(h,x) in the paper's units
-    at the figure's budget (the epochs of `mi`'s remainder rows of that network with the same other settings)
-    and at each longer budget, with the change in points; the ceiling's I(h,y) first. Returns (table, caption)."""
+def recipe_ceiling(ceilings: pd.DataFrame | None, like: pd.Series) -> pd.DataFrame:
+    """The ceiling rows of `like`'s recipe at every budget (none where no ceiling was measured)."""
+    if ceilings is None:
+        return pd.DataFrame(columns=["run_id", "rem_epochs", "ixy_paper", "network_accuracy"])
+    return ceilings_beside(ceilings, like, but_epochs=True)
+
+
+# The values `budget_points` gives each point: I(h,y), I(h,x) and E2E's I(h,y), at the figure's budget and a longer.
+VALUES = [(name, budget) for name in ("ixy", "ixx", "e2e") for budget in ("base", "longer")]
+
+
+def budget_points(mi: pd.DataFrame, longer: pd.DataFrame,
+                  ceilings: pd.DataFrame | None) -> tuple[pd.DataFrame, list[str]]:
+    """Per network of `longer` (remainder_budget.csv), longer budget and layer point (the ceiling's first):
+    I(h,y) and I(h,x) at the figure's budget (the epochs of `mi`'s remainder rows of that network with the
+    same other settings) and the longer one, and E2E's I(h,y) there (NaN: not estimated). Returns (those
+    rows, the caption's span of each network)."""
     longer = with_method(longer)
     rows, spans = [], []
     for _, like in longer.drop_duplicates(["run_id", *SETTINGS_BUT_EPOCHS]).iterrows():
@@ -137,8 +158,7 @@ def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame 
         base, points = int(figure["rem_epochs"].min()), pd.concat([figure, mine])
         twin = e2e_twin(longer, like)
         e2e = pd.concat(network_points(mi, longer, twin)) if twin is not None else points.iloc[:0]
-        ceiling = (ceilings_beside(ceilings, like, but_epochs=True) if ceilings is not None
-                   else pd.DataFrame(columns=["run_id", "rem_epochs", "ixy_paper", "network_accuracy"]))
+        ceiling = recipe_ceiling(ceilings, like)
         own = ceiling.loc[ceiling["run_id"] == like["run_id"], "network_accuracy"].dropna()
         label = network_label(like) + ("" if own.empty  # where a ceiling was measured against it
                                        else f" (its own test accuracy {float(own.iloc[-1]):.4f})")
@@ -146,21 +166,66 @@ def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame 
             for point, at, e2e_at in [(CEILING, ceiling, ceiling.iloc[:0])] + [
                     (layer, points[points["layer"] == layer], e2e[e2e["layer"] == layer])
                     for layer in sorted(mine.loc[mine["rem_epochs"] == epochs, "layer"].unique())]:
-                hy = (value(at, "ixy_paper", base), value(at, "ixy_paper", epochs))
-                hx = (value(at, "ixx_paper", base), value(at, "ixx_paper", epochs))
-                rows.append({"network": network_label(like), "layer point": point, "epochs": f"{base} → {epochs}",
-                             "I(h,y), figure's": shown(hy[0]), "I(h,y), longer": shown(hy[1]),
-                             "I(h,y) change (points)": change(*hy), "I(h,x), figure's": shown(hx[0]),
-                             "I(h,x), longer": shown(hx[1]), "I(h,x) change (points)": change(*hx),
-                             "I(h,y) − E2E's, figure's (points)": change(value(e2e_at, "ixy_paper", base), hy[0]),
-                             "I(h,y) − E2E's, longer (points)": change(value(e2e_at, "ixy_paper", epochs), hy[1])})
+                estimates = {"ixy": (at, "ixy_paper"), "ixx": (at, "ixx_paper"), "e2e": (e2e_at, "ixy_paper")}
+                recipes = point == CEILING  # the recipe's ceiling, which its networks share, not one network's
+                rows.append({"network": network_label(like), "layer point": point, "base": base, "longer": epochs,
+                             "configuration": f"the ceiling, {int(like['epochs'])} epochs" if recipes
+                             else configuration_label(like), "seed": None if recipes else int(like["seed"])} | {
+                    f"{name}_{budget}": value(*estimates[name], {"base": base, "longer": epochs}[budget])
+                    for name, budget in VALUES})
             spans.append(span_line(label, points, base, epochs))
-    caption = ("The remainder estimator's budget: I(h,y) (test accuracy of the remainder) and I(h,x) (1 − decoder "
-               "BCE) in the paper's units at some layer points of a network, with the budget of its fig10 rows "
-               "(figure's) and longer ones, every other setting equal; the ceiling is the architecture trained on the "
-               "image itself, which every network of a recipe shares (the mean of those measured; no I(h,x)). "
-               "I(h,y) − E2E's: against the E2E network of the same recipe and seed at the same layer point and "
-               "budget, where it ran the check. "
-               "I(h,y)'s span (max − min) over the layer points estimated at both budgets: "
-               + "; ".join(line for line in spans if line is not None) + ".")
-    return pd.DataFrame(rows), caption
+    return pd.DataFrame(rows), [line for line in spans if line is not None]
+
+
+def shown_points(points: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+    """`points` (as `budget_points` makes them, or their means) as the tables show them, after `labels`."""
+    return pd.DataFrame({
+        **{label: points[label] for label in labels},
+        "layer point": points["layer point"],
+        "epochs": [f"{base} → {epochs}" for base, epochs in zip(points["base"], points["longer"])],
+        "I(h,y), figure's": points["ixy_base"].map(shown), "I(h,y), longer": points["ixy_longer"].map(shown),
+        "I(h,y) change (points)": list(map(change, points["ixy_base"], points["ixy_longer"])),
+        "I(h,x), figure's": points["ixx_base"].map(shown), "I(h,x), longer": points["ixx_longer"].map(shown),
+        "I(h,x) change (points)": list(map(change, points["ixx_base"], points["ixx_longer"])),
+        "I(h,y) − E2E's, figure's (points)": list(map(change, points["e2e_base"], points["ixy_base"])),
+        "I(h,y) − E2E's, longer (points)": list(map(change, points["e2e_longer"], points["ixy_longer"]))})
+
+
+def caption_body(whose: str) -> str:
+    return (f"I(h,y) (test accuracy of the remainder) and I(h,x) (1 − decoder BCE) in the paper's units at some "
+            f"layer points of {whose} fig10 rows (figure's) and longer ones, every other setting equal; the ceiling "
+            "is the architecture trained on the image itself, which every network of a recipe shares (the mean of "
+            "those measured; no I(h,x)). I(h,y) − E2E's: against the E2E network of the same recipe and seed at the "
+            "same layer point and budget, where it ran the check.")
+
+
+def budget_table(mi: pd.DataFrame, longer: pd.DataFrame, ceilings: pd.DataFrame | None) -> tuple[pd.DataFrame, str]:
+    """Per network of `longer` and layer point (`budget_points`): I(h,y) and I(h,x) at the figure's budget
+    and each longer one, with the change in points and the gap to E2E's. Returns (table, caption)."""
+    points, spans = budget_points(mi, longer, ceilings)
+    caption = ("The remainder estimator's budget: " + caption_body("a network, with the budget of its")
+               + " I(h,y)'s span (max − min) over the layer points estimated at both budgets: " + "; ".join(spans)
+               + ".")
+    return shown_points(points, ["network"]), caption
+
+
+def budget_means_table(mi: pd.DataFrame, longer: pd.DataFrame,
+                       ceilings: pd.DataFrame | None) -> tuple[pd.DataFrame, str]:
+    """`budget_table` over seeds: per configuration, layer point and longer budget, the mean of the seeds that
+    ran the check there, shown only where every one of them has the value (a mean over some of them would
+    stand for all); in the order of `budget_table`, each recipe's ceiling, shown once per budget, ahead of its
+    networks. Returns (table, caption)."""
+    points, _ = budget_points(mi, longer, ceilings)
+    groups = points.groupby(["configuration", "layer point", "base", "longer"], sort=False)
+    means = groups[[f"{name}_{budget}" for name, budget in VALUES]].agg(
+        lambda column: column.mean(skipna=False)).reset_index()
+    means.insert(1, "seeds", groups["seed"].agg(
+        lambda seeds: ", ".join(str(int(seed)) for seed in sorted(set(seeds.dropna()))) or "–").to_numpy())
+    first_seen = {name: rank for rank, name in enumerate(dict.fromkeys(points["configuration"]))}
+    order = pd.DataFrame({"configuration": means["configuration"].map(first_seen), "longer": means["longer"],
+                          "layer": means["layer point"].map(lambda point: 0 if point == CEILING else point)})
+    means = means.loc[order.sort_values(list(order), kind="stable").index]
+    caption = ("The remainder estimator's budget over seeds: " + caption_body(
+        "a configuration's networks (the mean of the seeds that ran the check there, where every one of them has "
+        "the value; – : where one lacks it), with the budget of their") + " Per network: table_remainder_budget.")
+    return shown_points(means, ["configuration", "seeds"]), caption

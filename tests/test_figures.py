@@ -258,7 +258,8 @@ def test_a_missing_csv_names_the_target_that_makes_it(tmp_path):
                           ("table_paired", "make test-predictions"), ("table_e2e_gap", "make test-predictions"),
                           ("table_ranking", "make test-predictions"),
                           ("table_remainder_budget", "analysis.remainder ceiling` and `layers` (remainder_budget.csv: "
-                                                     "`budget`)")):
+                                                     "`budget`)"),
+                          ("table_remainder_budget_means", "(remainder_budget.csv: `budget`)")):
         result = run_main("analysis.build", target, "--results", str(tmp_path))
         assert result.returncode == 2 and maker in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

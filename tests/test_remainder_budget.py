@@ -7,7 +7,7 @@ import pytest
 
 from infopro.errors import InfoProError
 from infopro.remainder import RemainderSettings
-from infopro.remainder_budget import CEILING, budget_table, check_figure_settings
+from infopro.remainder_budget import CEILING, budget_means_table, budget_table, check_figure_settings
 
 E2E = dict(run_id="e2e-K1-s0", regime="e2e", task_loss="", K=1, seed=0, epochs=160, recipe="r", arch="resnet32")
 
@@ -85,6 +85,32 @@ def test_a_methods_points_stand_against_e2e_of_its_recipe_and_seed_at_each_budge
     assert list(gaps["I(h,y) − E2E's, longer (points)"]) == ["–", "-0.70", "–", "-3.50"]
     assert table.loc[table["network"].str.startswith("E2E"), "I(h,y) − E2E's, longer (points)"].eq("–").all()
     assert "against the E2E network of the same recipe and seed" in caption
+
+
+def seed(number: int, regime="e2e", K=1) -> dict:
+    return dict(run_id=f"{regime}-K{K}-s{number}", seed=number, regime=regime, K=K)
+
+
+def test_over_seeds_each_point_is_the_mean_of_the_seeds_that_ran_it_and_a_gap_needs_every_seeds_e2e():
+    """Greedy SL's layer 8 is the mean of seeds 0 and 1 at both budgets, its gap the mean of theirs to E2E's;
+    layer 1, which only seed 1 ran at 60 epochs, is seed 1's alone, and has no gap, as E2E seed 1 did not run it
+    (a mean over seed 0 alone would stand for both). The recipe's ceiling comes first, once, with no seeds."""
+    def of(who: dict, epochs: int, ixy: dict) -> list[dict]:
+        return [row | who for row in rows(epochs, ixy)]
+
+    mi = pd.DataFrame(of(seed(0), 30, {1: 0.87, 8: 0.86}) + of(seed(1), 30, {1: 0.88, 8: 0.85})
+                      + of(seed(0, "greedy", 2), 30, {8: 0.82}) + of(seed(1, "greedy", 2), 30, {1: 0.86, 8: 0.80}))
+    longer = pd.DataFrame(of(seed(0), 60, {8: 0.88}) + of(seed(1), 60, {8: 0.87})
+                          + of(seed(0, "greedy", 2), 60, {8: 0.83}) + of(seed(1, "greedy", 2), 60, {1: 0.87, 8: 0.82}))
+    table, caption = budget_means_table(mi, longer, pd.DataFrame([ceiling(30, 0.8776), ceiling(60, 0.8861)]))
+    assert list(table["configuration"]) == ["the ceiling, 160 epochs", "E2E, 160 epochs", "Greedy SL K = 2, 160 epochs",
+                                            "Greedy SL K = 2, 160 epochs"]
+    assert list(table["seeds"]) == ["–", "0, 1", "1", "0, 1"] and list(table["layer point"]) == [CEILING, 8, 1, 8]
+    assert list(table["I(h,y), figure's"]) == ["0.8776", "0.8550", "0.8600", "0.8100"]
+    assert list(table["I(h,y), longer"]) == ["0.8861", "0.8750", "0.8700", "0.8250"]
+    assert list(table["I(h,y) − E2E's, figure's (points)"]) == ["–", "–", "–", "-4.50"]
+    assert list(table["I(h,y) − E2E's, longer (points)"]) == ["–", "–", "–", "-5.00"]
+    assert "the mean of the seeds that ran the check there, where every one of them has the value" in caption
 
 
 def test_points_the_figure_lacks_read_as_dashes_and_a_budget_without_figure_rows_is_refused():
