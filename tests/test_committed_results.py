@@ -184,7 +184,7 @@ def test_committed_tables_are_rebuilt_unchanged_and_the_readme_shows_them(result
     the README's copies (the claims and Table 2) are the generated ones to the character."""
     readme = (REPO / "README.md").read_text()
     paper = ("claims", "table2", "table3", "table_schedule", "table_paired", "table_e2e_gap", "table_ranking",
-             "table_remainder_budget")
+             "table_remainder_budget", "table_remainder_budget_means")
     built = [(target, None) for target in paper] + [("table2", "fixture"), ("claims", "fixture")]
     for target, recipe in built:
         for path in build(target, results_copy, recipe=recipe):
