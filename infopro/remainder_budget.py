@@ -5,8 +5,9 @@ The estimate of I(h,y) is a lower bound that a short budget loosens most for the
 those of the early layer points, while the true I(h,y) cannot grow with depth. If E2E's curve rises
 where its remainders get short because of the budget alone, a longer budget lifts its early points and
 the ceiling towards its last point, a linear classifier on trained features, which stays where it was.
-`python -m analysis.remainder budget` makes the rows (results/analysis/remainder_budget.csv), and
-`make table_remainder_budget` sets them beside the figure's (`budget_table`).
+`python -m analysis.remainder budget` makes the rows (results/analysis/remainder_budget.csv),
+`make table_remainder_budget` sets them beside the figure's (`budget_table`), and
+`make table_remainder_budget_means` gives the same over seeds (`budget_means_table`).
 """
 
 import pandas as pd
@@ -151,6 +152,8 @@ def budget_points(mi: pd.DataFrame, longer: pd.DataFrame,
     I(h,y) and I(h,x) at the figure's budget (the epochs of `mi`'s remainder rows of that network with the
     same other settings) and the longer one, and E2E's I(h,y) there (NaN: not estimated). Returns (those
     rows, the caption's span of each network)."""
+    if longer.empty:
+        raise InfoProError("the budget check holds no rows: make them with `python -m analysis.remainder budget`")
     longer = with_method(longer)
     rows, spans = [], []
     for _, like in longer.drop_duplicates(["run_id", *SETTINGS_BUT_EPOCHS]).iterrows():
@@ -174,6 +177,8 @@ def budget_points(mi: pd.DataFrame, longer: pd.DataFrame,
                     f"{name}_{budget}": value(*estimates[name], {"base": base, "longer": epochs}[budget])
                     for name, budget in VALUES})
             spans.append(span_line(label, points, base, epochs))
+    if not rows:
+        raise InfoProError("no point of the budget check was estimated with a longer budget than its figure rows")
     return pd.DataFrame(rows), [line for line in spans if line is not None]
 
 

@@ -113,13 +113,18 @@ def test_over_seeds_each_point_is_the_mean_of_the_seeds_that_ran_it_and_a_gap_ne
     assert "the mean of the seeds that ran the check there, where every one of them has the value" in caption
 
 
-def test_points_the_figure_lacks_read_as_dashes_and_a_budget_without_figure_rows_is_refused():
+def test_points_the_figure_lacks_read_as_dashes_and_a_check_with_nothing_to_show_is_refused():
     longer = pd.DataFrame(rows(60, {1: 0.887, 2: 0.88}))
     table, _ = budget_table(pd.DataFrame(FIGURE), longer, None)  # layer 2 not in the figure; no ceiling measured
     assert list(table["layer point"]) == [CEILING, 1, 2]
     assert list(table["I(h,y), figure's"]) == ["–", "0.8790", "–"] and list(table["I(h,y), longer"])[0] == "–"
     with pytest.raises(InfoProError, match="no remainder rows of these layer points with the same settings"):
         budget_table(pd.DataFrame(rows(30, {1: 0.879}, rem_lr=0.1)), longer, None)
+    for table in (budget_table, budget_means_table):  # a check whose CSV has a header and no rows
+        with pytest.raises(InfoProError, match="the budget check holds no rows"):
+            table(pd.DataFrame(FIGURE), longer.iloc[:0], None)
+        with pytest.raises(InfoProError, match="no point of the budget check was estimated with a longer budget"):
+            table(pd.DataFrame(FIGURE), pd.DataFrame(rows(30, {1: 0.879})), None)  # the figure's own budget again
 
 
 def test_a_check_that_no_figure_row_could_stand_beside_is_refused_before_any_pass_naming_the_rows_settings():
